@@ -1,0 +1,4 @@
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IethRepr {
+    pub rkey: u32,
+}

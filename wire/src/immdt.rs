@@ -1,0 +1,4 @@
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImmDtRepr {
+    pub imm: u32,
+}

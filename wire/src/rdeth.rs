@@ -1,0 +1,4 @@
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RdethRepr {
+    pub een: u32,
+}
