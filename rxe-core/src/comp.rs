@@ -1,0 +1,389 @@
+//! The completer: consumes ACKs, NAKs, READ responses and atomic
+//! acknowledgements, completes send WQEs and drives retransmission and RNR
+//! back-off (kernel `rxe_comp.c`).
+
+use std::time::Duration;
+
+use wire::aeth::{NakCode, Syndrome};
+use wire::{OpFlags, Opcode, PacketRepr};
+
+use crate::dma::{self, ScatterError};
+use crate::engine::Ctx;
+use crate::mem::Memory;
+use crate::qp::{Qp, WqeState};
+use crate::qp_attr::QpState;
+use crate::req;
+use crate::time::Instant;
+use crate::wr::{SendOp, WcStatus};
+
+/// Handle a response-type packet (ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE, READ
+/// RESPONSE *) for an RC QP.
+pub(crate) fn on_response<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    pkt: &PacketRepr<'_>,
+) {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+        ctx.counters.rcvd_ignored_resp += 1;
+        return;
+    }
+    process(qp, ctx, now, pkt);
+    // Kernel COMPST_EXIT: while PSNs are outstanding, the timer measures time
+    // since the last response; otherwise it is off.
+    if qp.state == QpState::Rts || qp.state == QpState::Sqd {
+        qp.retrans_deadline = match (qp.has_outstanding(), qp.retrans_timeout_ns()) {
+            (true, Some(t)) if qp.rnr_deadline.is_none() => Some(now + Duration::from_nanos(t)),
+            _ => None,
+        };
+        req::run(qp, ctx, now);
+    }
+}
+
+fn process<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, pkt: &PacketRepr<'_>) {
+    let psn = pkt.bth.psn;
+    let flags = pkt
+        .bth
+        .opcode
+        .info()
+        .map(|i| i.flags)
+        .unwrap_or(OpFlags::empty());
+    loop {
+        let Some(w) = qp.sq.front() else {
+            ctx.counters.rcvd_ignored_resp += 1;
+            return;
+        };
+        if !w.started {
+            ctx.counters.rcvd_ignored_resp += 1;
+            return;
+        }
+        if matches!(w.state, WqeState::Done | WqeState::Error) {
+            req::complete_from_head(qp, ctx);
+            if qp.state != QpState::Rts && qp.state != QpState::Sqd {
+                return;
+            }
+            continue;
+        }
+        // Kernel check_psn: a response past the oldest WQE acknowledges a
+        // SEND/WRITE implicitly, but means lost responses for READ/atomics.
+        if psn.is_after(w.last_psn) {
+            if w.state != WqeState::Pending {
+                ctx.counters.rcvd_ignored_resp += 1;
+                return;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                error_retry(qp, ctx, now, false);
+                return;
+            }
+            qp.reset_retry_counters();
+            complete_head(qp, ctx);
+            continue;
+        }
+        let d = psn.diff(qp.comp_psn);
+        if d < 0 || (d > 0 && w.wr.op.is_read_or_atomic()) {
+            // Old (a duplicate) or ahead of a missing READ response: ignore;
+            // the timer or a NAK recovers.
+            ctx.counters.rcvd_ignored_resp += 1;
+            return;
+        }
+        check_ack(qp, ctx, now, pkt, flags);
+        return;
+    }
+}
+
+/// Mark the head WQE acknowledged and complete it (kernel `complete_ack`).
+fn complete_head<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+    if let Some(w) = qp.sq.front_mut() {
+        let next = w.last_psn.next();
+        if next.is_after(qp.comp_psn) {
+            qp.comp_psn = next;
+        }
+        w.state = WqeState::Done;
+        qp.comp_opcode = None;
+    }
+    req::complete_from_head(qp, ctx);
+}
+
+fn fail_head<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus, why: String) {
+    if let Some(w) = qp.sq.front_mut() {
+        w.state = WqeState::Error;
+        w.status = status;
+        w.error_reason = Some(why);
+    }
+    req::complete_from_head(qp, ctx);
+}
+
+fn check_ack<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    pkt: &PacketRepr<'_>,
+    flags: OpFlags,
+) {
+    let psn = pkt.bth.psn;
+    let op = pkt.bth.opcode;
+    let syndrome = pkt.aeth.map(|a| a.syndrome);
+    let Some(w) = qp.sq.front() else { return };
+    let is_read = matches!(w.wr.op, SendOp::RdmaRead { .. });
+    let is_atomic = w.wr.op.is_atomic();
+
+    if flags.contains(OpFlags::READ) && !flags.contains(OpFlags::REQ) {
+        // A READ response.
+        if !is_read {
+            // Kernel check_ack: a READ response for anything else is fatal.
+            fail_head(
+                qp,
+                ctx,
+                WcStatus::FatalErr,
+                format!(
+                    "received {} at PSN {psn} but the oldest WR is {}",
+                    op.name(),
+                    w.wr.op.name()
+                ),
+            );
+            return;
+        }
+        if let Some(s) = syndrome {
+            if !matches!(s, Syndrome::Ack { .. }) {
+                fail_head(
+                    qp,
+                    ctx,
+                    WcStatus::BadRespErr,
+                    format!("{} carried AETH {s}", op.name()),
+                );
+                return;
+            }
+        }
+        let mtu = qp.mtu;
+        let k = psn.diff(w.first_psn) as u32;
+        let offset = k.saturating_mul(mtu);
+        let remaining = w.length.saturating_sub(offset);
+        let (first, last) = (flags.contains(OpFlags::START), flags.contains(OpFlags::END));
+        // The response sequence is determined by the PSN: FIRST/ONLY at the
+        // READ's first PSN, MIDDLE/LAST after (a resumed READ is answered with
+        // MIDDLE/LAST, kernel read_reply).
+        let seq_ok = (first == (k == 0)) && (last == (remaining <= mtu));
+        let expected_len = if last { remaining } else { mtu };
+        if !seq_ok || pkt.payload.len() as u32 != expected_len {
+            fail_head(
+                qp,
+                ctx,
+                WcStatus::BadRespErr,
+                format!(
+                    "{} at PSN {psn} with {} bytes does not fit a READ of {} bytes at offset {offset} (path MTU {mtu})",
+                    op.name(),
+                    pkt.payload.len(),
+                    w.length
+                ),
+            );
+            return;
+        }
+        let pd = qp.pd;
+        let sges = &w.wr.sg_list;
+        match dma::scatter(
+            &mut ctx.mem,
+            &ctx.keys,
+            pd,
+            sges,
+            u64::from(offset),
+            pkt.payload,
+        ) {
+            Ok(()) => {}
+            Err(ScatterError::TooLong) => {
+                fail_head(
+                    qp,
+                    ctx,
+                    WcStatus::LocLenErr,
+                    "READ response does not fit the local SGEs".into(),
+                );
+                return;
+            }
+            Err(ScatterError::Protection(m)) => {
+                fail_head(
+                    qp,
+                    ctx,
+                    WcStatus::LocProtErr,
+                    format!("READ response could not be placed: {m}"),
+                );
+                return;
+            }
+        }
+        qp.reset_retry_counters();
+        qp.comp_opcode = Some(op);
+        qp.comp_psn = psn.next();
+        if last {
+            complete_head(qp, ctx);
+        }
+        return;
+    }
+
+    if op == Opcode::RC_ATOMIC_ACKNOWLEDGE {
+        if !is_atomic || !matches!(syndrome, Some(Syndrome::Ack { .. })) {
+            fail_head(
+                qp,
+                ctx,
+                WcStatus::BadRespErr,
+                format!(
+                    "unexpected ATOMIC_ACKNOWLEDGE at PSN {psn} for {}",
+                    w.wr.op.name()
+                ),
+            );
+            return;
+        }
+        let orig = pkt.atomic_ack.map(|a| a.orig).unwrap_or(0);
+        let pd = qp.pd;
+        let sges = &w.wr.sg_list;
+        if let Err(e) = dma::scatter(&mut ctx.mem, &ctx.keys, pd, sges, 0, &orig.to_ne_bytes()) {
+            let m = match e {
+                ScatterError::TooLong => "the local buffer is shorter than 8 bytes".to_string(),
+                ScatterError::Protection(m) => m,
+            };
+            fail_head(
+                qp,
+                ctx,
+                WcStatus::LocProtErr,
+                format!("atomic result could not be placed: {m}"),
+            );
+            return;
+        }
+        qp.reset_retry_counters();
+        complete_head(qp, ctx);
+        return;
+    }
+
+    if op != Opcode::RC_ACKNOWLEDGE {
+        ctx.counters.rcvd_ignored_resp += 1;
+        return;
+    }
+    match syndrome {
+        Some(Syndrome::Ack { .. }) => {
+            if is_read || is_atomic {
+                // A plain ACK inside a READ/atomic's PSNs answers nothing.
+                ctx.counters.rcvd_ignored_resp += 1;
+                return;
+            }
+            let complete = w.state == WqeState::Pending && psn == w.last_psn;
+            qp.reset_retry_counters();
+            if complete {
+                complete_head(qp, ctx);
+            } else {
+                qp.comp_psn = psn.next();
+            }
+        }
+        Some(Syndrome::RnrNak { timer }) => {
+            ctx.counters.rcvd_rnr_err += 1;
+            if psn.is_after(qp.comp_psn) {
+                qp.comp_psn = psn;
+            }
+            if qp.rnr_retry == 0 {
+                ctx.counters.retry_rnr_exceeded_err += 1;
+                let why = format!(
+                    "the responder answered PSN {psn} with RNR NAK (no receive WQE posted) more times than rnr_retry = {} allows",
+                    qp.attr.rnr_retry
+                );
+                fail_head(qp, ctx, WcStatus::RnrRetryExcErr, why);
+                return;
+            }
+            if qp.rnr_retry != 7 {
+                qp.rnr_retry -= 1;
+            }
+            // Wait the timer the responder asked for, then go back to PSN
+            // (kernel rnr_nak_timer -> req_retry).
+            qp.rnr_deadline = Some(now + Duration::from_nanos(wire::aeth::rnr_timer_ns(timer)));
+            qp.retrans_deadline = None;
+        }
+        Some(Syndrome::Nak(code)) => match code {
+            NakCode::PsnSequenceError => {
+                if psn.is_after(qp.comp_psn) {
+                    ctx.counters.rcvd_seq_err += 1;
+                    qp.comp_psn = psn;
+                }
+                error_retry(qp, ctx, now, false);
+            }
+            NakCode::InvalidRequest => fail_head(
+                qp,
+                ctx,
+                WcStatus::RemInvReqErr,
+                format!("the responder NAKed PSN {psn} as an invalid request (unsupported opcode, bad length or misaligned atomic)"),
+            ),
+            NakCode::RemoteAccessError => fail_head(
+                qp,
+                ctx,
+                WcStatus::RemAccessErr,
+                format!("the responder NAKed PSN {psn} with a remote access error (bad rkey, out-of-bounds address or missing access flag)"),
+            ),
+            NakCode::RemoteOperationalError => fail_head(
+                qp,
+                ctx,
+                WcStatus::RemOpErr,
+                format!("the responder NAKed PSN {psn} with a remote operational error (it could not place the data)"),
+            ),
+            other => fail_head(qp, ctx, WcStatus::RemOpErr, format!("the responder sent unexpected NAK {other:?} for PSN {psn}")),
+        },
+        Some(s @ Syndrome::Reserved(_)) => {
+            fail_head(qp, ctx, WcStatus::BadRespErr, format!("ACK with reserved syndrome {s}"))
+        }
+        None => fail_head(qp, ctx, WcStatus::BadRespErr, "ACK without AETH".into()),
+    }
+}
+
+/// Kernel COMPST_ERROR_RETRY: go back N if the retry budget allows.
+fn error_retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, timeout: bool) {
+    let Some(w) = qp.sq.front() else { return };
+    if !w.started {
+        return;
+    }
+    // One retry per NAK burst; a timeout always retries.
+    if qp.started_retry && !timeout {
+        return;
+    }
+    if qp.retry_cnt == 0 {
+        ctx.counters.retry_exceeded_err += 1;
+        let why = format!(
+            "no valid response for PSN {} after {} retransmission(s) (retry_cnt = {}, timeout = {} -> {:.3} ms each)",
+            qp.comp_psn,
+            qp.attr.retry_cnt,
+            qp.attr.retry_cnt,
+            qp.attr.timeout,
+            qp.retrans_timeout_ns().unwrap_or(0) as f64 / 1e6
+        );
+        fail_head(qp, ctx, WcStatus::RetryExcErr, why);
+        return;
+    }
+    if qp.retry_cnt != 7 {
+        qp.retry_cnt -= 1;
+    }
+    if qp.has_outstanding() {
+        ctx.counters.completer_retry_err += 1;
+        qp.started_retry = true;
+        req::rewind(qp);
+        qp.retrans_deadline = None;
+        req::run(qp, ctx, now);
+    }
+}
+
+/// A deadline of this QP passed.
+pub(crate) fn on_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
+    if qp.rnr_deadline.is_some_and(|d| d <= now) {
+        qp.rnr_deadline = None;
+        if matches!(qp.state, QpState::Rts | QpState::Sqd) {
+            req::rewind(qp);
+            req::run(qp, ctx, now);
+        }
+    }
+    if qp.retrans_deadline.is_some_and(|d| d <= now) {
+        qp.retrans_deadline = None;
+        if matches!(qp.state, QpState::Rts | QpState::Sqd) && qp.has_outstanding() {
+            ctx.counters.retrans_timeouts += 1;
+            error_retry(qp, ctx, now, true);
+            if qp.retrans_deadline.is_none()
+                && qp.has_outstanding()
+                && matches!(qp.state, QpState::Rts | QpState::Sqd)
+            {
+                if let Some(t) = qp.retrans_timeout_ns() {
+                    qp.retrans_deadline = Some(now + Duration::from_nanos(t));
+                }
+            }
+        }
+    }
+}

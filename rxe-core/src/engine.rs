@@ -1,0 +1,1192 @@
+//! The engine: object tables, the verbs-level calls, and the I/O surface
+//! (`handle_datagram`, `poll_transmit`, `poll_timeout`, `handle_timeout`).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv6Addr};
+
+use wire::icrc::IpUdpInfo;
+use wire::Psn;
+
+use crate::caps::{DeviceCaps, Mtu};
+use crate::counters::Counters;
+use crate::cq::{Arm, Cq, CqPost};
+use crate::error::{Error, Result};
+use crate::mem::Memory;
+use crate::mr::{AccessFlags, KeyTable, Mr, Mw, MwType};
+use crate::qp::{ErrorCause, Qp, RecvWqe, SendWqe, UdTarget, WqeState};
+use crate::qp_attr::{self, AhAttr, QpAttr, QpAttrMask, QpCap, QpState, QpType};
+use crate::srq::Srq;
+use crate::time::Instant;
+use crate::wr::{RecvWr, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::{AhHandle, AsyncEvent, AsyncEventKind, CqHandle, EventObject, PdHandle, SrqHandle};
+
+/// Address handle attributes (the same as a QP's primary path).
+pub type AhAttrs = AhAttr;
+
+/// Static configuration of one engine (one device, one port).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The port's GID table as IP addresses, in kernel rxe order (the driver
+    /// builds it: link-local IPv6 first, then IPv4-mapped and global IPv6).
+    /// `sgid_index` in address vectors indexes this table.
+    pub gids: Vec<IpAddr>,
+    /// Active MTU of the port.
+    pub port_mtu: Mtu,
+    pub caps: DeviceCaps,
+    /// QPNs are allocated from this inclusive range (kernel rxe starts at 0x11).
+    pub qpn_range: (u32, u32),
+    /// Seed for key bytes, so runs are reproducible.
+    pub key_seed: u64,
+}
+
+impl EngineConfig {
+    /// One GID (the given address), MTU 1024 as on a 1500-byte netdev, kernel
+    /// rxe's limits.
+    pub fn new(ip: IpAddr) -> Self {
+        EngineConfig {
+            gids: vec![ip],
+            port_mtu: Mtu::M1024,
+            caps: DeviceCaps::default(),
+            qpn_range: (0x11, 0x00ff_fffe),
+            key_seed: 0x5eed,
+        }
+    }
+}
+
+/// `struct ibv_qp_init_attr` as the engine needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInitAttr {
+    pub pd: PdHandle,
+    pub qp_type: QpType,
+    pub send_cq: CqHandle,
+    pub recv_cq: CqHandle,
+    pub srq: Option<SrqHandle>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// A received UDP datagram on port 4791.
+#[derive(Debug, Clone, Copy)]
+pub struct RxDatagram<'a> {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// The IPv4 identification field when the driver saw the IP header (a
+    /// capture, a raw socket, the simulator). `None` through a UDP socket,
+    /// which hides it: the ICRC is then checked by solving for the ID
+    /// (see `wire::icrc::solve_ipv4_id`).
+    pub ipv4_id: Option<u16>,
+    /// UDP payload: BTH .. ICRC.
+    pub payload: &'a [u8],
+}
+
+/// A datagram for the driver to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Addresses and ports; `ipv4_id` 0 and DF set, which is what Linux puts
+    /// on a datagram from an unconnected UDP socket with DF (the ICRC covers them).
+    pub info: IpUdpInfo,
+    /// UDP payload including the ICRC.
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Ah {
+    pub pd: PdHandle,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+}
+
+/// Everything but the QP table: what the requester, responder and completer
+/// touch while they hold one `&mut Qp`.
+pub(crate) struct Ctx<M> {
+    pub mem: M,
+    pub keys: KeyTable,
+    pub cqs: HashMap<CqHandle, Cq>,
+    pub srqs: HashMap<SrqHandle, Srq>,
+    pub ahs: HashMap<AhHandle, Ah>,
+    pub out: VecDeque<Transmit>,
+    pub events: VecDeque<AsyncEvent>,
+    pub notify: VecDeque<CqHandle>,
+    pub counters: Counters,
+    pub cfg: EngineConfig,
+}
+
+/// The transport engine of one device. See the crate documentation.
+pub struct Engine<M: Memory> {
+    pub(crate) qps: HashMap<u32, Qp>,
+    pub(crate) ctx: Ctx<M>,
+    pds: HashMap<PdHandle, u32>,
+    next_handle: u32,
+    next_qpn: u32,
+}
+
+/// The IP address a GID stands for on RoCEv2: IPv4-mapped GIDs are IPv4.
+pub fn gid_to_ip(gid: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// The GID of an IP address (IPv4 addresses are IPv4-mapped).
+pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+impl<M> Ctx<M> {
+    pub fn event(&mut self, kind: AsyncEventKind, object: EventObject, reason: String) {
+        self.events.push_back(AsyncEvent {
+            kind,
+            object,
+            reason,
+        });
+    }
+
+    /// Post a completion to a CQ, raising the notification or the CQ error.
+    pub fn post_cq(&mut self, cq: CqHandle, wc: WorkCompletion, solicited: bool) {
+        let Some(c) = self.cqs.get_mut(&cq) else {
+            return;
+        };
+        match c.post(wc, solicited) {
+            CqPost::Posted { notify } => {
+                if notify {
+                    self.notify.push_back(cq);
+                }
+            }
+            CqPost::Overrun { first } => {
+                self.counters.cq_overflow += 1;
+                if first {
+                    let reason = format!(
+                        "CQ {} with {} entries is full: a completion for QP {:#x} (wr_id {}) was lost; \
+                         poll it more often or create it larger",
+                        cq.0, c.cqe, wc.qp_num, wc.wr_id
+                    );
+                    self.event(AsyncEventKind::CqErr, EventObject::Cq(cq), reason);
+                }
+            }
+        }
+    }
+}
+
+impl<M: Memory> Engine<M> {
+    /// A new engine owning the memory backend.
+    pub fn new(cfg: EngineConfig, mem: M) -> Self {
+        let seed = cfg.key_seed;
+        let next_qpn = cfg.qpn_range.0;
+        Engine {
+            qps: HashMap::new(),
+            ctx: Ctx {
+                mem,
+                keys: KeyTable::new(seed),
+                cqs: HashMap::new(),
+                srqs: HashMap::new(),
+                ahs: HashMap::new(),
+                out: VecDeque::new(),
+                events: VecDeque::new(),
+                notify: VecDeque::new(),
+                counters: Counters::default(),
+                cfg,
+            },
+            pds: HashMap::new(),
+            next_handle: 1,
+            next_qpn,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.ctx.cfg
+    }
+
+    /// The memory backend.
+    pub fn mem(&self) -> &M {
+        &self.ctx.mem
+    }
+
+    /// The memory backend, mutably (to fill buffers in tests).
+    pub fn mem_mut(&mut self) -> &mut M {
+        &mut self.ctx.mem
+    }
+
+    /// Protocol counters.
+    pub fn counters(&self) -> &Counters {
+        &self.ctx.counters
+    }
+
+    fn handle(&mut self) -> u32 {
+        let h = self.next_handle;
+        self.next_handle = self.next_handle.wrapping_add(1).max(1);
+        h
+    }
+
+    // ------------------------------------------------------------------
+    // PD, MR, MW, AH
+
+    /// Allocate a protection domain.
+    pub fn alloc_pd(&mut self) -> Result<PdHandle> {
+        if self.pds.len() as u32 >= self.ctx.cfg.caps.max_pd {
+            return Err(Error::NoMemory(format!(
+                "the device allows {} protection domains",
+                self.ctx.cfg.caps.max_pd
+            )));
+        }
+        let pd = PdHandle(self.handle());
+        self.pds.insert(pd, 0);
+        Ok(pd)
+    }
+
+    /// Free a protection domain; refused while objects use it.
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
+        let users = *self
+            .pds
+            .get(&pd)
+            .ok_or_else(|| Error::NotFound(format!("PD {}", pd.0)))?;
+        if users > 0 {
+            return Err(Error::Busy(format!(
+                "PD {} is still used by {users} QP/MR/MW/AH/SRQ object(s)",
+                pd.0
+            )));
+        }
+        self.pds.remove(&pd);
+        Ok(())
+    }
+
+    fn pd_ref(&mut self, pd: PdHandle, delta: i32) -> Result<()> {
+        let u = self
+            .pds
+            .get_mut(&pd)
+            .ok_or_else(|| Error::NotFound(format!("PD {}", pd.0)))?;
+        *u = u.saturating_add_signed(delta);
+        Ok(())
+    }
+
+    /// Register `length` bytes at `addr` (an address the memory backend
+    /// understands). Returns the MR with its lkey and rkey.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        addr: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        self.pd_ref(pd, 0)?;
+        // IBTA 10.6.3.1 / kernel ib_check_mr_access: remote write or atomic
+        // access needs local write.
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(Error::Invalid(
+                "IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC require IBV_ACCESS_LOCAL_WRITE".into(),
+            ));
+        }
+        if length > self.ctx.cfg.caps.max_mr_size {
+            return Err(Error::Invalid(format!(
+                "length {length} exceeds the largest MR ({} bytes)",
+                self.ctx.cfg.caps.max_mr_size
+            )));
+        }
+        if addr.checked_add(length).is_none() {
+            return Err(Error::Invalid("addr + length overflows".into()));
+        }
+        if self.ctx.keys.mr_count() as u32 >= self.ctx.cfg.caps.max_mr {
+            return Err(Error::NoMemory(format!(
+                "the device allows {} MRs",
+                self.ctx.cfg.caps.max_mr
+            )));
+        }
+        let mr = self
+            .ctx
+            .keys
+            .reg_mr(pd, addr, length, access)
+            .cloned()
+            .ok_or_else(|| Error::NoMemory("no free MR index".into()))?;
+        self.pd_ref(pd, 1)?;
+        Ok(mr)
+    }
+
+    /// Deregister an MR by its lkey.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        let mr = self.ctx.keys.dereg_mr(lkey).map_err(Error::Busy)?;
+        self.pd_ref(mr.pd, -1)
+    }
+
+    /// Look up an MR by key.
+    pub fn mr(&self, key: u32) -> Option<&Mr> {
+        self.ctx.keys.mr(key)
+    }
+
+    /// Allocate a memory window; returns its rkey.
+    pub fn alloc_mw(&mut self, pd: PdHandle, mw_type: MwType) -> Result<u32> {
+        self.pd_ref(pd, 0)?;
+        if self.ctx.keys.mw_count() as u32 >= self.ctx.cfg.caps.max_mw {
+            return Err(Error::NoMemory(format!(
+                "the device allows {} MWs",
+                self.ctx.cfg.caps.max_mw
+            )));
+        }
+        let k = self
+            .ctx
+            .keys
+            .alloc_mw(pd, mw_type)
+            .ok_or_else(|| Error::NoMemory("no free MW index".into()))?;
+        self.pd_ref(pd, 1)?;
+        Ok(k)
+    }
+
+    /// Free a memory window.
+    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<()> {
+        let pd = self
+            .ctx
+            .keys
+            .mw(rkey)
+            .map(|w| w.pd)
+            .ok_or_else(|| Error::NotFound(format!("memory window {rkey:#x}")))?;
+        self.ctx.keys.dealloc_mw(rkey).map_err(Error::Invalid)?;
+        self.pd_ref(pd, -1)
+    }
+
+    /// Look up a memory window by rkey.
+    pub fn mw(&self, rkey: u32) -> Option<&Mw> {
+        self.ctx.keys.mw(rkey)
+    }
+
+    /// Bind a type 1 window (`ibv_bind_mw`). Returns the window's rkey.
+    /// Unlike a BIND_MW work request this takes effect at once.
+    pub fn bind_mw_type1(
+        &mut self,
+        qpn: u32,
+        mw_rkey: u32,
+        bind: &crate::wr::MwBindInfo,
+    ) -> Result<u32> {
+        let qp = self
+            .qps
+            .get(&qpn)
+            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        match self.ctx.keys.mw(mw_rkey) {
+            Some(w) if w.mw_type == MwType::Type1 => {}
+            Some(_) => {
+                return Err(Error::Invalid(
+                    "ibv_bind_mw takes type 1 windows; bind type 2 with a BIND_MW work request"
+                        .into(),
+                ))
+            }
+            None => return Err(Error::NotFound(format!("memory window {mw_rkey:#x}"))),
+        }
+        let pd = qp.pd;
+        self.ctx
+            .keys
+            .bind_mw(mw_rkey, 0, pd, None, bind)
+            .map_err(|e| Error::Invalid(e.0))
+    }
+
+    /// Create an address handle.
+    pub fn create_ah(&mut self, pd: PdHandle, attr: &AhAttrs) -> Result<AhHandle> {
+        self.pd_ref(pd, 0)?;
+        let src = *self
+            .ctx
+            .cfg
+            .gids
+            .get(attr.sgid_index as usize)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "sgid_index {} is outside the GID table ({} entries)",
+                    attr.sgid_index,
+                    self.ctx.cfg.gids.len()
+                ))
+            })?;
+        let dst = gid_to_ip(attr.dgid);
+        if src.is_ipv4() != dst.is_ipv4() {
+            return Err(Error::Invalid(format!(
+                "source GID {src} and destination GID {dst} are of different IP versions"
+            )));
+        }
+        let h = AhHandle(self.handle());
+        self.ctx.ahs.insert(h, Ah { pd, src, dst });
+        self.pd_ref(pd, 1)?;
+        Ok(h)
+    }
+
+    /// Destroy an address handle.
+    pub fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
+        let a = self
+            .ctx
+            .ahs
+            .remove(&ah)
+            .ok_or_else(|| Error::NotFound(format!("AH {}", ah.0)))?;
+        self.pd_ref(a.pd, -1)
+    }
+
+    // ------------------------------------------------------------------
+    // CQ
+
+    /// Create a completion queue with room for `cqe` completions.
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle> {
+        let max = self.ctx.cfg.caps.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(Error::Invalid(format!(
+                "cqe {cqe} must be between 1 and {max}"
+            )));
+        }
+        if self.ctx.cqs.len() as u32 >= self.ctx.cfg.caps.max_cq {
+            return Err(Error::NoMemory(format!(
+                "the device allows {} CQs",
+                self.ctx.cfg.caps.max_cq
+            )));
+        }
+        let h = CqHandle(self.handle());
+        self.ctx.cqs.insert(h, Cq::new(cqe));
+        Ok(h)
+    }
+
+    /// Resize a CQ; refused if it would hold fewer than its current entries.
+    pub fn resize_cq(&mut self, cq: CqHandle, cqe: u32) -> Result<()> {
+        let max = self.ctx.cfg.caps.max_cqe;
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or_else(|| Error::NotFound(format!("CQ {}", cq.0)))?;
+        if cqe == 0 || cqe > max || (cqe as usize) < c.entries.len() {
+            return Err(Error::Invalid(format!(
+                "cqe {cqe} must be between the {} entries it holds and {max}",
+                c.entries.len().max(1)
+            )));
+        }
+        c.cqe = cqe;
+        Ok(())
+    }
+
+    /// Destroy a CQ; refused while a QP uses it.
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
+        let c = self
+            .ctx
+            .cqs
+            .get(&cq)
+            .ok_or_else(|| Error::NotFound(format!("CQ {}", cq.0)))?;
+        if c.users > 0 {
+            return Err(Error::Busy(format!(
+                "CQ {} is still used by {} QP(s)",
+                cq.0, c.users
+            )));
+        }
+        self.ctx.cqs.remove(&cq);
+        Ok(())
+    }
+
+    /// Take up to `max` completions, oldest first. After an overrun, the
+    /// completions that made it in are returned first, then an error.
+    pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<WorkCompletion>> {
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or_else(|| Error::NotFound(format!("CQ {}", cq.0)))?;
+        if c.entries.is_empty() && c.overrun {
+            return Err(Error::CqOverrun(format!(
+                "CQ {} overflowed and lost completions; destroy it and its QPs",
+                cq.0
+            )));
+        }
+        let n = max.min(c.entries.len());
+        Ok(c.entries.drain(..n).collect())
+    }
+
+    /// Number of completions waiting in a CQ.
+    pub fn cq_len(&self, cq: CqHandle) -> usize {
+        self.ctx.cqs.get(&cq).map_or(0, |c| c.entries.len())
+    }
+
+    /// Arm a CQ for one notification (`ibv_req_notify_cq`). If a matching
+    /// completion is already waiting it does not fire retroactively; as in
+    /// verbs, the caller polls after arming.
+    pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or_else(|| Error::NotFound(format!("CQ {}", cq.0)))?;
+        c.arm = if solicited_only {
+            Arm::Solicited
+        } else {
+            Arm::Next
+        };
+        Ok(())
+    }
+
+    /// The next CQ whose armed notification fired.
+    pub fn poll_cq_notification(&mut self) -> Option<CqHandle> {
+        self.ctx.notify.pop_front()
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.events.pop_front()
+    }
+
+    // ------------------------------------------------------------------
+    // SRQ
+
+    /// Create a shared receive queue.
+    pub fn create_srq(&mut self, pd: PdHandle, attr: SrqAttr) -> Result<SrqHandle> {
+        self.pd_ref(pd, 0)?;
+        let caps = &self.ctx.cfg.caps;
+        if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr {
+            return Err(Error::Invalid(format!(
+                "SRQ max_wr {} must be between 1 and {}",
+                attr.max_wr, caps.max_srq_wr
+            )));
+        }
+        if attr.max_sge == 0 || attr.max_sge > caps.max_srq_sge {
+            return Err(Error::Invalid(format!(
+                "SRQ max_sge {} must be between 1 and {}",
+                attr.max_sge, caps.max_srq_sge
+            )));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(Error::Invalid(format!(
+                "srq_limit {} exceeds max_wr {}",
+                attr.srq_limit, attr.max_wr
+            )));
+        }
+        if self.ctx.srqs.len() as u32 >= caps.max_srq {
+            return Err(Error::NoMemory(format!(
+                "the device allows {} SRQs",
+                caps.max_srq
+            )));
+        }
+        let h = SrqHandle(self.handle());
+        self.ctx.srqs.insert(
+            h,
+            Srq {
+                pd,
+                queue: VecDeque::new(),
+                max_wr: attr.max_wr,
+                max_sge: attr.max_sge,
+                limit: attr.srq_limit,
+                users: 0,
+            },
+        );
+        self.pd_ref(pd, 1)?;
+        Ok(h)
+    }
+
+    /// Arm the SRQ limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).
+    pub fn modify_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<()> {
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or_else(|| Error::NotFound(format!("SRQ {}", srq.0)))?;
+        if limit > s.max_wr {
+            return Err(Error::Invalid(format!(
+                "srq_limit {limit} exceeds max_wr {}",
+                s.max_wr
+            )));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    /// Query an SRQ: (max_wr, max_sge, limit, WQEs queued).
+    pub fn query_srq(&self, srq: SrqHandle) -> Result<(SrqAttr, usize)> {
+        let s = self
+            .ctx
+            .srqs
+            .get(&srq)
+            .ok_or_else(|| Error::NotFound(format!("SRQ {}", srq.0)))?;
+        Ok((
+            SrqAttr {
+                max_wr: s.max_wr,
+                max_sge: s.max_sge,
+                srq_limit: s.limit,
+            },
+            s.queue.len(),
+        ))
+    }
+
+    /// Destroy an SRQ; refused while a QP uses it.
+    pub fn destroy_srq(&mut self, srq: SrqHandle) -> Result<()> {
+        let s = self
+            .ctx
+            .srqs
+            .get(&srq)
+            .ok_or_else(|| Error::NotFound(format!("SRQ {}", srq.0)))?;
+        if s.users > 0 {
+            return Err(Error::Busy(format!(
+                "SRQ {} is still used by {} QP(s)",
+                srq.0, s.users
+            )));
+        }
+        let pd = s.pd;
+        self.ctx.srqs.remove(&srq);
+        self.pd_ref(pd, -1)
+    }
+
+    /// Post a receive WR to an SRQ.
+    pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: RecvWr) -> Result<()> {
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or_else(|| Error::NotFound(format!("SRQ {}", srq.0)))?;
+        if wr.sg_list.len() > s.max_sge as usize {
+            return Err(Error::Invalid(format!(
+                "{} SGEs exceed the SRQ's max_sge {}",
+                wr.sg_list.len(),
+                s.max_sge
+            )));
+        }
+        if s.queue.len() >= s.max_wr as usize {
+            return Err(Error::NoMemory(format!(
+                "SRQ {} is full ({} WRs)",
+                srq.0, s.max_wr
+            )));
+        }
+        let length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        s.queue.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list,
+            length,
+        });
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // QP
+
+    /// Create a queue pair; returns its QPN. The QP starts in RESET.
+    pub fn create_qp(&mut self, init: QpInitAttr) -> Result<u32> {
+        self.pd_ref(init.pd, 0)?;
+        let caps = self.ctx.cfg.caps.clone();
+        for cq in [init.send_cq, init.recv_cq] {
+            if !self.ctx.cqs.contains_key(&cq) {
+                return Err(Error::NotFound(format!("CQ {}", cq.0)));
+            }
+        }
+        let c = init.cap;
+        if c.max_send_wr == 0 || c.max_send_wr > caps.max_qp_wr {
+            return Err(Error::Invalid(format!(
+                "max_send_wr {} must be between 1 and {}",
+                c.max_send_wr, caps.max_qp_wr
+            )));
+        }
+        if c.max_send_sge > caps.max_send_sge {
+            return Err(Error::Invalid(format!(
+                "max_send_sge {} exceeds {}",
+                c.max_send_sge, caps.max_send_sge
+            )));
+        }
+        if c.max_inline_data > caps.max_inline_data {
+            return Err(Error::Invalid(format!(
+                "max_inline_data {} exceeds {}",
+                c.max_inline_data, caps.max_inline_data
+            )));
+        }
+        if let Some(srq) = init.srq {
+            let s = self
+                .ctx
+                .srqs
+                .get(&srq)
+                .ok_or_else(|| Error::NotFound(format!("SRQ {}", srq.0)))?;
+            if s.pd != init.pd {
+                return Err(Error::Invalid("the SRQ belongs to another PD".into()));
+            }
+        } else {
+            if c.max_recv_wr == 0 || c.max_recv_wr > caps.max_qp_wr {
+                return Err(Error::Invalid(format!(
+                    "max_recv_wr {} must be between 1 and {}",
+                    c.max_recv_wr, caps.max_qp_wr
+                )));
+            }
+            if c.max_recv_sge > caps.max_recv_sge {
+                return Err(Error::Invalid(format!(
+                    "max_recv_sge {} exceeds {}",
+                    c.max_recv_sge, caps.max_recv_sge
+                )));
+            }
+        }
+        if self.qps.len() as u32 >= caps.max_qp {
+            return Err(Error::NoMemory(format!(
+                "the device allows {} QPs",
+                caps.max_qp
+            )));
+        }
+        let qpn = self.alloc_qpn()?;
+        let qp = Qp::new(qpn, &init, self.ctx.cfg.port_mtu);
+        for cq in [init.send_cq, init.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(&cq) {
+                c.users += 1;
+            }
+        }
+        if let Some(s) = init.srq.and_then(|s| self.ctx.srqs.get_mut(&s)) {
+            s.users += 1;
+        }
+        self.pd_ref(init.pd, 1)?;
+        self.qps.insert(qpn, qp);
+        Ok(qpn)
+    }
+
+    fn alloc_qpn(&mut self) -> Result<u32> {
+        let (lo, hi) = self.ctx.cfg.qpn_range;
+        let span = u64::from(hi - lo) + 1;
+        for _ in 0..span.min(1 << 24) {
+            let q = self.next_qpn;
+            self.next_qpn = if q >= hi { lo } else { q + 1 };
+            if !self.qps.contains_key(&q) {
+                return Ok(q);
+            }
+        }
+        Err(Error::NoMemory("no free QP number".into()))
+    }
+
+    /// Destroy a QP. Outstanding work is discarded without completions, as
+    /// with `ibv_destroy_qp`; windows bound to it become invalid.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        let qp = self
+            .qps
+            .remove(&qpn)
+            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(&cq) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        if let Some(s) = qp.srq.and_then(|s| self.ctx.srqs.get_mut(&s)) {
+            s.users = s.users.saturating_sub(1);
+        }
+        self.ctx.keys.invalidate_windows_of_qp(qpn);
+        self.pd_ref(qp.pd, -1)
+    }
+
+    /// QPNs of all QPs.
+    pub fn qp_numbers(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.qps.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Current state of a QP.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.qps.get(&qpn).map(|q| q.state)
+    }
+
+    /// Why a QP is in the error state, in words (None if it is not, or was
+    /// moved there by modify_qp without a failure).
+    pub fn qp_error_reason(&self, qpn: u32) -> Option<&str> {
+        self.qps
+            .get(&qpn)
+            .and_then(|q| q.error_cause.as_ref().map(|c| c.0.as_str()))
+    }
+
+    /// `ibv_query_qp`: current attributes and creation attributes.
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInitAttr)> {
+        let q = self
+            .qps
+            .get(&qpn)
+            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        let mut a = q.attr;
+        a.qp_state = Some(q.state);
+        a.cur_qp_state = Some(q.state);
+        a.sq_draining = q.sq_draining;
+        a.sq_psn = q.req_psn.value();
+        a.rq_psn = q.resp_psn.value();
+        a.cap = q.cap;
+        Ok((
+            a,
+            QpInitAttr {
+                pd: q.pd,
+                qp_type: q.qp_type,
+                send_cq: q.send_cq,
+                recv_cq: q.recv_cq,
+                srq: q.srq,
+                cap: q.cap,
+                sq_sig_all: q.sq_sig_all,
+            },
+        ))
+    }
+
+    /// `ibv_modify_qp`. Transitions and attribute masks are checked against
+    /// IBTA (see [`qp_attr::validate_transition`]); a refusal names the
+    /// missing or forbidden attribute.
+    pub fn modify_qp(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<()> {
+        let port_mtu = self.ctx.cfg.port_mtu;
+        let caps = self.ctx.cfg.caps.clone();
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        let next = qp_attr::validate_transition(qp.qp_type, qp.state, mask, attr)?;
+        qp_attr::check_values(mask, attr, &caps, port_mtu)?;
+        if mask.contains(QpAttrMask::AV) {
+            let src = *self
+                .ctx
+                .cfg
+                .gids
+                .get(attr.ah_attr.sgid_index as usize)
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "IBV_QP_AV: sgid_index {} is outside the GID table ({} entries)",
+                        attr.ah_attr.sgid_index,
+                        self.ctx.cfg.gids.len()
+                    ))
+                })?;
+            let dst = gid_to_ip(attr.ah_attr.dgid);
+            if src.is_ipv4() != dst.is_ipv4() {
+                return Err(Error::Invalid(format!(
+                    "IBV_QP_AV: source GID {src} and destination GID {dst} are of different IP versions"
+                )));
+            }
+            qp.path = Some((src, dst));
+            qp.attr.ah_attr = attr.ah_attr;
+        }
+        if mask.contains(QpAttrMask::ALT_PATH) {
+            qp.attr.alt_ah_attr = attr.alt_ah_attr;
+            qp.attr.alt_pkey_index = attr.alt_pkey_index;
+            qp.attr.alt_port_num = attr.alt_port_num;
+            qp.attr.alt_timeout = attr.alt_timeout;
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) {
+            if let Some(m) = attr.path_mtu {
+                qp.attr.path_mtu = Some(m);
+                if qp.qp_type != QpType::Ud {
+                    qp.mtu = m.min(port_mtu).bytes();
+                }
+            }
+        }
+        macro_rules! copy {
+            ($($bit:ident => $f:ident),*) => {$(
+                if mask.contains(QpAttrMask::$bit) { qp.attr.$f = attr.$f; }
+            )*};
+        }
+        copy!(ACCESS_FLAGS => qp_access_flags, PKEY_INDEX => pkey_index, PORT => port_num,
+              QKEY => qkey, TIMEOUT => timeout, RETRY_CNT => retry_cnt, RNR_RETRY => rnr_retry,
+              MAX_QP_RD_ATOMIC => max_rd_atomic, MIN_RNR_TIMER => min_rnr_timer,
+              MAX_DEST_RD_ATOMIC => max_dest_rd_atomic, PATH_MIG_STATE => path_mig_state,
+              DEST_QPN => dest_qp_num, EN_SQD_ASYNC_NOTIFY => en_sqd_async_notify,
+              RATE_LIMIT => rate_limit);
+        if mask.contains(QpAttrMask::CAP) {
+            qp.attr.cap = attr.cap;
+        }
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            qp.req_psn = Psn::new(attr.sq_psn);
+            qp.comp_psn = qp.req_psn;
+            qp.attr.sq_psn = attr.sq_psn;
+        }
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            qp.resp_psn = Psn::new(attr.rq_psn);
+            qp.attr.rq_psn = attr.rq_psn;
+        }
+        if mask.intersects(QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY) {
+            qp.reset_retry_counters();
+        }
+        if qp.qp_type != QpType::Ud && mask.intersects(QpAttrMask::AV | QpAttrMask::DEST_QPN) {
+            qp.src_port = crate::qp::connected_src_port(
+                qp.attr.ah_attr.flow_label,
+                qp.qpn,
+                qp.attr.dest_qp_num,
+            );
+        }
+        let prev = qp.state;
+        qp.state = next;
+        qp.attr.qp_state = Some(next);
+        match (prev, next) {
+            (_, QpState::Reset) => qp.reset(),
+            (p, QpState::Err) if p != QpState::Err => {
+                crate::req::enter_error(qp, &mut self.ctx, None);
+            }
+            (QpState::Rts, QpState::Sqd) => {
+                qp.sq_draining = true;
+                crate::req::check_drained(qp, &mut self.ctx);
+            }
+            (_, QpState::Rts) => {
+                if prev != QpState::Rts {
+                    qp.reset_retry_counters();
+                }
+                qp.sq_draining = false;
+                crate::req::run(qp, &mut self.ctx, now);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Post a send work request.
+    pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        let wqe = validate_send(qp, &mut self.ctx, wr)?;
+        qp.sq.push_back(wqe);
+        match qp.state {
+            QpState::Err | QpState::Sqe => crate::req::flush_send_queue(qp, &mut self.ctx),
+            _ => crate::req::run(qp, &mut self.ctx, now),
+        }
+        Ok(())
+    }
+
+    /// Post a receive work request to a QP's own receive queue.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<()> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        if qp.srq.is_some() {
+            return Err(Error::Invalid(format!(
+                "QP {qpn:#x} uses an SRQ; post receives with post_srq_recv"
+            )));
+        }
+        if qp.state == QpState::Reset {
+            return Err(Error::Invalid(format!(
+                "QP {qpn:#x} is in RESET; move it to INIT before posting receives"
+            )));
+        }
+        if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+            return Err(Error::Invalid(format!(
+                "{} SGEs exceed the QP's max_recv_sge {}",
+                wr.sg_list.len(),
+                qp.cap.max_recv_sge
+            )));
+        }
+        if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+            return Err(Error::NoMemory(format!(
+                "receive queue of QP {qpn:#x} is full ({} WRs)",
+                qp.cap.max_recv_wr
+            )));
+        }
+        let length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        qp.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list,
+            length,
+        });
+        if qp.state == QpState::Err {
+            crate::resp::flush_recv_queue(qp, &mut self.ctx);
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // I/O
+
+    /// Feed one received datagram.
+    pub fn handle_datagram(&mut self, now: Instant, dg: &RxDatagram<'_>) {
+        crate::recv::handle(self, now, dg);
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.ctx.out.pop_front()
+    }
+
+    /// Number of datagrams waiting to be sent.
+    pub fn pending_transmits(&self) -> usize {
+        self.ctx.out.len()
+    }
+
+    /// The earliest deadline at which `handle_timeout` must be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .flat_map(|q| [q.retrans_deadline, q.rnr_deadline])
+            .flatten()
+            .min()
+    }
+
+    /// Fire every deadline at or before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| {
+                q.retrans_deadline.is_some_and(|d| d <= now)
+                    || q.rnr_deadline.is_some_and(|d| d <= now)
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        for qpn in due {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                crate::comp::on_timeout(qp, &mut self.ctx, now);
+            }
+        }
+    }
+}
+
+/// Check a send WR against the QP, as kernel `validate_send_wr` and
+/// `rxe_post_send` do, and turn it into a WQE.
+fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<SendWqe> {
+    use crate::wr::SendOp;
+    let qpn = qp.qpn;
+    if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+        return Err(Error::Invalid(format!(
+            "QP {qpn:#x} is in {}; post sends only once it is in RTS",
+            qp.state
+        )));
+    }
+    let allowed = match qp.qp_type {
+        QpType::Rc => true,
+        QpType::Uc => matches!(
+            wr.op,
+            SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::RdmaWrite { .. }
+                | SendOp::RdmaWriteWithImm { .. }
+                | SendOp::LocalInv { .. }
+                | SendOp::BindMw { .. }
+        ),
+        QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
+    };
+    if !allowed {
+        return Err(Error::Invalid(format!(
+            "opcode {} is not supported on a {} QP",
+            wr.op.name(),
+            qp.qp_type
+        )));
+    }
+    if wr.sg_list.len() > qp.cap.max_send_sge as usize {
+        return Err(Error::Invalid(format!(
+            "{} SGEs exceed the QP's max_send_sge {}",
+            wr.sg_list.len(),
+            qp.cap.max_send_sge
+        )));
+    }
+    let live = qp.sq.len();
+    if live >= qp.cap.max_send_wr as usize {
+        return Err(Error::NoMemory(format!(
+            "send queue of QP {qpn:#x} is full ({} WRs outstanding)",
+            qp.cap.max_send_wr
+        )));
+    }
+    let length64: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    if length64 > u64::from(u32::MAX >> 1) {
+        return Err(Error::Invalid(format!(
+            "message length {length64} exceeds 2^31 - 1 bytes"
+        )));
+    }
+    let length = length64 as u32;
+    if wr.op.is_atomic() {
+        let addr = match wr.op {
+            SendOp::AtomicCmpSwp { remote_addr, .. }
+            | SendOp::AtomicFetchAdd { remote_addr, .. } => remote_addr,
+            _ => 0,
+        };
+        if addr & 7 != 0 {
+            return Err(Error::Invalid(format!(
+                "atomic remote address {addr:#x} is not 8-byte aligned"
+            )));
+        }
+        if length < 8 {
+            return Err(Error::Invalid(format!(
+                "atomic operations need an 8-byte local buffer; the SGEs hold {length}"
+            )));
+        }
+    }
+    let mut inline = None;
+    if wr.flags.contains(SendFlags::INLINE) && wr.op.carries_payload() {
+        if length > qp.cap.max_inline_data {
+            return Err(Error::Invalid(format!(
+                "inline data of {length} bytes exceeds the QP's max_inline_data {}",
+                qp.cap.max_inline_data
+            )));
+        }
+        // IBTA 10.8.3.1: inline data is copied at post time; lkeys are ignored.
+        let mut data = vec![0u8; length as usize];
+        let mut off = 0usize;
+        for s in &wr.sg_list {
+            let end = off + s.length as usize;
+            ctx.mem
+                .read(s.addr, &mut data[off..end])
+                .map_err(|e| Error::Invalid(format!("inline data cannot be read: {e}")))?;
+            off = end;
+        }
+        inline = Some(data);
+    }
+    let mut ud = None;
+    if qp.qp_type == QpType::Ud {
+        let d = wr.ud.ok_or_else(|| {
+            Error::Invalid(
+                "a UD send needs a destination (address handle, remote QPN, Q_Key)".into(),
+            )
+        })?;
+        let ah = ctx
+            .ahs
+            .get(&d.ah)
+            .ok_or_else(|| Error::Invalid(format!("address handle {} does not exist", d.ah.0)))?;
+        if ah.pd != qp.pd {
+            return Err(Error::Invalid(
+                "the address handle belongs to another PD than the QP".into(),
+            ));
+        }
+        // IBTA 10.2.5: a Q_Key with the high bit set means "use the QP's Q_Key".
+        let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
+            qp.attr.qkey
+        } else {
+            d.remote_qkey
+        };
+        ud = Some(UdTarget {
+            src: ah.src,
+            dst: ah.dst,
+            qpn: d.remote_qpn & 0x00ff_ffff,
+            qkey,
+        });
+    }
+    let signaled = qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+    Ok(SendWqe {
+        wr,
+        inline,
+        state: WqeState::Posted,
+        status: WcStatus::Success,
+        length,
+        first_psn: Psn::new(0),
+        last_psn: Psn::new(0),
+        offset: 0,
+        ud,
+        signaled,
+        started: false,
+        error_reason: None,
+    })
+}
+
+/// A flushed completion for a WR of the send queue.
+pub(crate) fn flushed_send_wc(qp: &Qp, wqe: &SendWqe) -> WorkCompletion {
+    WorkCompletion::new(
+        wqe.wr.wr_id,
+        WcStatus::WrFlushErr,
+        wqe.wr.op.wc_opcode(),
+        qp.qpn,
+    )
+}
+
+/// A flushed completion for a receive WR.
+pub(crate) fn flushed_recv_wc(qp: &Qp, wr_id: u64) -> WorkCompletion {
+    let mut wc = WorkCompletion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qp.qpn);
+    wc.wc_flags = WcFlags::empty();
+    wc
+}
+
+/// Record why the QP failed (first cause wins).
+pub(crate) fn set_cause(qp: &mut Qp, why: String) {
+    if qp.error_cause.is_none() {
+        qp.error_cause = Some(ErrorCause(why));
+    }
+}

@@ -1,0 +1,93 @@
+//! The receive path: validate a datagram and route it to the responder or
+//! the completer of its QP (kernel `rxe_recv.c`). Every rejected packet is
+//! counted and dropped; nothing here can panic on hostile input.
+
+use wire::{OpFlags, PacketRepr, Transport};
+
+use crate::engine::{Engine, RxDatagram};
+use crate::mem::Memory;
+use crate::qp_attr::QpType;
+use crate::time::Instant;
+
+/// The multicast QPN (IBTA 9.2): not supported yet, dropped and counted.
+const MULTICAST_QPN: u32 = 0x00ff_ffff;
+
+pub(crate) fn handle<M: Memory>(eng: &mut Engine<M>, now: Instant, dg: &RxDatagram<'_>) {
+    let ctx = &mut eng.ctx;
+    // ICRC first (kernel rxe_icrc_check), over the headers as sent.
+    let icrc_ok = match (dg.ipv4_id, dg.src) {
+        (Some(id), _) => wire::icrc::check(&info(dg, id), dg.payload),
+        (None, std::net::IpAddr::V6(_)) => wire::icrc::check(&info(dg, 0), dg.payload),
+        (None, std::net::IpAddr::V4(_)) => {
+            wire::icrc::solve_ipv4_id(&info(dg, 0), dg.payload).is_some()
+        }
+    };
+    if !icrc_ok {
+        ctx.counters.rcvd_icrc_err += 1;
+        return;
+    }
+    let pkt = match PacketRepr::parse(dg.payload) {
+        Ok(p) => p,
+        Err(_) => {
+            ctx.counters.rcvd_malformed += 1;
+            return;
+        }
+    };
+    ctx.counters.rcvd_pkts += 1;
+    let bth = pkt.bth;
+    // P_Key: the table has only the default key; accept full or limited
+    // membership of it (kernel pkey_match_default).
+    if bth.pkey & 0x7fff != 0x7fff {
+        ctx.counters.rcvd_bad_path += 1;
+        return;
+    }
+    let qpn = bth.dest_qpn;
+    if qpn == MULTICAST_QPN || qpn == 0 {
+        ctx.counters.rcvd_bad_qp += 1;
+        return;
+    }
+    let Some(qp) = eng.qps.get_mut(&qpn) else {
+        ctx.counters.rcvd_bad_qp += 1;
+        return;
+    };
+    let transport_ok = matches!(
+        (bth.opcode.transport(), qp.qp_type),
+        (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
+    );
+    if !transport_ok || !qp.can_receive() {
+        ctx.counters.rcvd_bad_qp += 1;
+        return;
+    }
+    // Connected QPs accept packets only from their peer (kernel check_addr).
+    if qp.qp_type != QpType::Ud {
+        match qp.path {
+            Some((local, remote)) if remote == dg.src && local == dg.dst => {}
+            _ => {
+                ctx.counters.rcvd_bad_path += 1;
+                return;
+            }
+        }
+    }
+    let is_request = bth
+        .opcode
+        .info()
+        .is_some_and(|i| i.flags.contains(OpFlags::REQ));
+    if is_request {
+        crate::resp::on_request(qp, ctx, now, &pkt, dg);
+    } else if qp.qp_type == QpType::Rc {
+        crate::comp::on_response(qp, ctx, now, &pkt);
+    } else {
+        ctx.counters.rcvd_bad_qp += 1;
+    }
+}
+
+fn info(dg: &RxDatagram<'_>, id: u16) -> wire::icrc::IpUdpInfo {
+    wire::icrc::IpUdpInfo {
+        src: dg.src,
+        dst: dg.dst,
+        src_port: dg.src_port,
+        dst_port: dg.dst_port,
+        ipv4_id: id,
+        ipv4_flags_frag: 0x4000,
+    }
+}

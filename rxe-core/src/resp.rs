@@ -1,0 +1,939 @@
+//! The responder: executes incoming requests and produces ACKs, NAKs, READ
+//! responses and atomic acknowledgements (kernel `rxe_resp.c`), plus the
+//! receive-queue side of flushing.
+
+use std::net::IpAddr;
+
+use wire::aeth::{NakCode, Syndrome, CREDITS_INVALID};
+use wire::atomic::AtomicAckRepr;
+use wire::{OpFlags, Opcode, PacketRepr, Psn};
+
+use crate::dma::{self, ScatterError};
+use crate::engine::{flushed_recv_wc, Ctx, RxDatagram};
+use crate::mem::{AtomicOp, Memory};
+use crate::mr::{AccessFlags, KeyError};
+use crate::qp::{ActiveRecv, ActiveWrite, Qp, RecvWqe, Resource};
+use crate::qp_attr::{QpState, QpType};
+use crate::req::{aeth, enter_error};
+use crate::time::Instant;
+use crate::tx::{self, Headers, Route};
+use crate::wr::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::{AsyncEventKind, EventObject};
+
+/// The ACK syndrome kernel rxe always sends: ACK with the "invalid" credit
+/// count (end-to-end credits are not used), 0x1f on the wire.
+const ACK: Syndrome = Syndrome::Ack {
+    credits: CREDITS_INVALID,
+};
+
+/// Flush the receive side with WR_FLUSH_ERR: the WQE being filled, then the
+/// QP's own receive queue (an SRQ keeps its WQEs for other QPs).
+pub(crate) fn flush_recv_queue<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+    if let Some(a) = qp.recv.take() {
+        let wc = flushed_recv_wc(qp, a.wqe.wr_id);
+        ctx.post_cq(qp.recv_cq, wc, false);
+    }
+    while let Some(r) = qp.rq.pop_front() {
+        let wc = flushed_recv_wc(qp, r.wr_id);
+        ctx.post_cq(qp.recv_cq, wc, false);
+    }
+    qp.write = None;
+    qp.resp_opcode = None;
+}
+
+/// The kind of a responder error, by IBTA class (9.9.3.1, kernel
+/// `do_class_ac_error`).
+enum Fault {
+    /// Class C: NAK with this code, the receive WQE (if any) completes with
+    /// this status, the QP goes to ERR and raises this event.
+    Fatal {
+        nak: NakCode,
+        status: WcStatus,
+        event: AsyncEventKind,
+        why: String,
+    },
+    /// RNR: no receive WQE.
+    Rnr,
+    /// Drop silently (UC/UD, or an RC packet that cannot be answered).
+    Drop,
+}
+
+fn route(qp: &Qp) -> Option<Route> {
+    qp.path.map(|(src, dst)| Route {
+        src,
+        dst,
+        src_port: qp.src_port,
+    })
+}
+
+/// Send an ACK or NAK with the current MSN.
+fn send_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, syndrome: Syndrome, psn: Psn) {
+    let Some(r) = route(qp) else { return };
+    let mut h = Headers::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
+    h.aeth = Some(aeth(syndrome, qp.msn));
+    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
+        ctx.counters.send_err += 1;
+    }
+}
+
+fn send_atomic_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64) {
+    let Some(r) = route(qp) else { return };
+    let mut h = Headers::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
+    h.aeth = Some(aeth(ACK, qp.msn));
+    h.atomic_ack = Some(AtomicAckRepr { orig });
+    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
+        ctx.counters.send_err += 1;
+    }
+}
+
+/// Send the READ responses for `len` bytes at `va` starting at `start_psn`.
+/// `first_psn` is the READ's first PSN: a replay that starts later uses
+/// MIDDLE/LAST opcodes (kernel `read_reply`).
+fn send_read_responses<M: Memory>(
+    qp: &Qp,
+    ctx: &mut Ctx<M>,
+    first_psn: Psn,
+    start_psn: Psn,
+    host_addr: u64,
+    len: u32,
+) -> Result<(), String> {
+    let Some(r) = route(qp) else { return Ok(()) };
+    let mtu = qp.mtu;
+    let n = len.div_ceil(mtu).max(1);
+    let from_start = start_psn == first_psn;
+    for i in 0..n {
+        let off = i * mtu;
+        let chunk = (len - off).min(mtu);
+        let (first, last) = (i == 0 && from_start, i == n - 1);
+        let opcode = match (first, last) {
+            (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+            (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+            (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        };
+        let mut h = Headers::new(opcode, qp.attr.dest_qp_num, start_psn.add(i));
+        if first || last {
+            h.aeth = Some(aeth(ACK, qp.msn));
+        }
+        let addr = host_addr + u64::from(off);
+        tx::emit(ctx, r, &h, chunk as usize, |ctx, buf| {
+            if buf.is_empty() {
+                Ok(())
+            } else {
+                ctx.mem.read(addr, buf)
+            }
+        })
+        .map_err(|e| match e {
+            tx::EmitError::Fill(f) => f.to_string(),
+            tx::EmitError::Build(b) => b.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// Take a receive WQE: from the SRQ if the QP has one, else the RQ.
+fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>) -> Option<ActiveRecv> {
+    match qp.srq {
+        Some(h) => {
+            let srq = ctx.srqs.get_mut(&h)?;
+            let (wqe, fire) = srq.take()?;
+            if fire {
+                ctx.event(
+                    AsyncEventKind::SrqLimitReached,
+                    EventObject::Srq(h),
+                    format!(
+                        "SRQ {} has fewer WQEs than its limit; post more receives",
+                        h.0
+                    ),
+                );
+            }
+            Some(ActiveRecv { wqe, offset: 0 })
+        }
+        None => qp.rq.pop_front().map(|wqe| ActiveRecv { wqe, offset: 0 }),
+    }
+}
+
+fn has_recv<M>(qp: &Qp, ctx: &Ctx<M>) -> bool {
+    qp.recv.is_some()
+        || match qp.srq {
+            Some(h) => ctx.srqs.get(&h).is_some_and(|s| !s.queue.is_empty()),
+            None => !qp.rq.is_empty(),
+        }
+}
+
+/// Handle a request packet (it has the REQ flag) for this QP.
+pub(crate) fn on_request<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Instant,
+    pkt: &PacketRepr<'_>,
+    dg: &RxDatagram<'_>,
+) {
+    let _ = now;
+    if qp.state == QpState::Rtr && !qp.comm_est_sent {
+        // IBTA 11.6.3.1: the first packet received in RTR establishes the
+        // connection.
+        qp.comm_est_sent = true;
+        ctx.event(
+            AsyncEventKind::CommEst,
+            EventObject::Qp(qp.qpn),
+            format!("QP {:#x} received its first packet while in RTR", qp.qpn),
+        );
+    }
+    if qp.qp_type == QpType::Ud {
+        ud_receive(qp, ctx, pkt, dg);
+        return;
+    }
+    let Some(info) = pkt.bth.opcode.info() else {
+        return;
+    };
+    let flags = info.flags;
+    let psn = pkt.bth.psn;
+
+    // --- PSN (kernel check_psn) ---
+    if qp.qp_type == QpType::Rc {
+        let d = psn.diff(qp.resp_psn);
+        if d > 0 {
+            // Class B: one NAK per gap, then silence until the gap closes.
+            if !qp.sent_psn_nak {
+                qp.sent_psn_nak = true;
+                ctx.counters.out_of_seq_request += 1;
+                send_ack(
+                    qp,
+                    ctx,
+                    Syndrome::Nak(NakCode::PsnSequenceError),
+                    qp.resp_psn,
+                );
+            }
+            return;
+        }
+        if d < 0 {
+            ctx.counters.duplicate_request += 1;
+            duplicate(qp, ctx, pkt, flags);
+            return;
+        }
+        qp.sent_psn_nak = false;
+    } else if qp.drop_msg || psn != qp.resp_psn {
+        // UC (IBTA 9.8.3.2): after a gap, drop until the next FIRST/ONLY.
+        if flags.contains(OpFlags::START) {
+            qp.drop_msg = false;
+            abandon_message(qp);
+        } else {
+            qp.drop_msg = true;
+            qp.resp_psn = psn.next();
+            ctx.counters.rcvd_dropped_msgs += 1;
+            return;
+        }
+    }
+
+    match execute(qp, ctx, pkt, flags) {
+        Ok(()) => {}
+        Err(Fault::Rnr) => {
+            // IBTA 9.7.5.2.8: RNR NAK carries the QP's min_rnr_timer; the PSN
+            // is not consumed, the requester retries it.
+            ctx.counters.send_rnr_err += 1;
+            let t = qp.attr.min_rnr_timer & 0x1f;
+            send_ack(qp, ctx, Syndrome::RnrNak { timer: t }, psn);
+        }
+        Err(Fault::Drop) => {
+            ctx.counters.rcvd_dropped_msgs += 1;
+            if qp.qp_type == QpType::Uc {
+                abandon_message(qp);
+                qp.drop_msg = !flags.contains(OpFlags::END);
+                qp.resp_psn = psn.next();
+            }
+        }
+        Err(Fault::Fatal {
+            nak,
+            status,
+            event,
+            why,
+        }) => {
+            if qp.qp_type == QpType::Rc {
+                send_ack(qp, ctx, Syndrome::Nak(nak), psn);
+            }
+            if let Some(a) = qp.recv.take() {
+                let mut wc = WorkCompletion::new(a.wqe.wr_id, status, WcOpcode::Recv, qp.qpn);
+                wc.byte_len = a.offset as u32;
+                ctx.post_cq(qp.recv_cq, wc, false);
+            }
+            let why = format!("responder: {why}");
+            ctx.event(event, EventObject::Qp(qp.qpn), why.clone());
+            enter_error(qp, ctx, Some(why));
+        }
+    }
+}
+
+/// UC: forget a partially received message; its receive WQE is reused for
+/// the next one (IBTA class D1; kernel `do_class_d1e_error`).
+fn abandon_message(qp: &mut Qp) {
+    if let Some(a) = qp.recv.as_mut() {
+        a.offset = 0;
+    }
+    qp.write = None;
+    qp.resp_opcode = None;
+}
+
+fn fatal(nak: NakCode, status: WcStatus, event: AsyncEventKind, why: String) -> Fault {
+    Fault::Fatal {
+        nak,
+        status,
+        event,
+        why,
+    }
+}
+
+fn invalid(why: String) -> Fault {
+    fatal(
+        NakCode::InvalidRequest,
+        WcStatus::RemInvReqErr,
+        AsyncEventKind::QpReqErr,
+        why,
+    )
+}
+
+fn access(e: KeyError, what: &str) -> Fault {
+    fatal(
+        NakCode::RemoteAccessError,
+        WcStatus::RemAccessErr,
+        AsyncEventKind::QpAccessErr,
+        format!("{what}: {e}"),
+    )
+}
+
+/// Class C for RC, drop for UC.
+fn class_c(qp: &Qp, f: Fault) -> Fault {
+    if qp.qp_type == QpType::Rc {
+        f
+    } else {
+        Fault::Drop
+    }
+}
+
+/// Validate and execute an in-sequence request (kernel check_op_seq,
+/// check_op_valid, check_resource, check_length, check_rkey, execute,
+/// do_complete, acknowledge).
+fn execute<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+    flags: OpFlags,
+) -> Result<(), Fault> {
+    let op = pkt.bth.opcode;
+    let psn = pkt.bth.psn;
+    let is_send = flags.contains(OpFlags::SEND);
+    let is_write = flags.contains(OpFlags::WRITE);
+    let (start, end) = (flags.contains(OpFlags::START), flags.contains(OpFlags::END));
+
+    // --- opcode sequence (kernel check_op_seq) ---
+    let expect_continue = qp.resp_opcode.and_then(|o| o.info()).map(|i| i.flags);
+    let seq_ok = match expect_continue {
+        None => start,
+        Some(prev) if prev.contains(OpFlags::SEND) => is_send && !start,
+        Some(prev) if prev.contains(OpFlags::WRITE) => is_write && !start,
+        Some(_) => start,
+    };
+    if !seq_ok {
+        let why = match qp.resp_opcode {
+            Some(prev) => format!(
+                "{} at PSN {psn} cannot follow {} (a message was cut short)",
+                op.name(),
+                prev.name()
+            ),
+            None => format!(
+                "{} at PSN {psn} arrived without the FIRST packet of its message",
+                op.name()
+            ),
+        };
+        if qp.qp_type == QpType::Uc && start {
+            // A new message while one was in progress: the old one is lost.
+            abandon_message(qp);
+            return Err(Fault::Drop);
+        }
+        return Err(class_c(qp, invalid(why)));
+    }
+
+    // --- QP access (kernel check_op_valid) ---
+    let qp_access = AccessFlags::from_bits_truncate(qp.attr.qp_access_flags);
+    let needed = if flags.contains(OpFlags::READ) {
+        Some((AccessFlags::REMOTE_READ, "IBV_ACCESS_REMOTE_READ"))
+    } else if is_write || flags.contains(OpFlags::ATOMIC_WRITE) {
+        Some((AccessFlags::REMOTE_WRITE, "IBV_ACCESS_REMOTE_WRITE"))
+    } else if flags.contains(OpFlags::ATOMIC) {
+        Some((AccessFlags::REMOTE_ATOMIC, "IBV_ACCESS_REMOTE_ATOMIC"))
+    } else {
+        None
+    };
+    if let Some((bit, name)) = needed {
+        if !qp_access.contains(bit) {
+            return Err(class_c(
+                qp,
+                invalid(format!(
+                    "{} arrived but the QP's qp_access_flags lack {name}",
+                    op.name()
+                )),
+            ));
+        }
+    }
+    if flags.intersects(OpFlags::FLUSH | OpFlags::ATOMIC_WRITE) {
+        return Err(class_c(
+            qp,
+            invalid(format!(
+                "{} (IBTA 1.5 persistence) is not supported by this device",
+                op.name()
+            )),
+        ));
+    }
+
+    // --- resources (kernel check_resource) ---
+    if flags.contains(OpFlags::RWR) && qp.recv.is_none() && !has_recv(qp, ctx) {
+        return Err(if qp.qp_type == QpType::Rc {
+            Fault::Rnr
+        } else {
+            Fault::Drop
+        });
+    }
+    if (flags.contains(OpFlags::READ) || flags.contains(OpFlags::ATOMIC))
+        && qp.attr.max_dest_rd_atomic == 0
+    {
+        return Err(invalid(format!(
+            "{} arrived but the QP has max_dest_rd_atomic = 0",
+            op.name()
+        )));
+    }
+
+    // --- length (kernel check_length) ---
+    let mtu = qp.mtu as usize;
+    let plen = pkt.payload.len();
+    if is_send || is_write {
+        let ok = match (start, end) {
+            (true, true) => plen <= mtu,
+            (true, false) | (false, false) => plen == mtu,
+            (false, true) => plen > 0 && plen <= mtu,
+        };
+        if !ok {
+            return Err(class_c(
+                qp,
+                invalid(format!(
+                    "{} at PSN {psn} carries {plen} bytes; path MTU is {mtu}",
+                    op.name()
+                )),
+            ));
+        }
+    }
+    if let Some(reth) = pkt.reth {
+        if reth.dma_len > 1 << 31 {
+            return Err(class_c(
+                qp,
+                invalid(format!("RETH length {} exceeds 2^31", reth.dma_len)),
+            ));
+        }
+    }
+
+    // --- execute ---
+    if flags.contains(OpFlags::READ) {
+        return read_request(qp, ctx, pkt);
+    }
+    if flags.contains(OpFlags::ATOMIC) {
+        return atomic_request(qp, ctx, pkt);
+    }
+    if is_write {
+        write_data(qp, ctx, pkt, start, end)?;
+    } else if is_send {
+        send_data(qp, ctx, pkt, start)?;
+    }
+
+    // --- complete (kernel do_complete) ---
+    qp.resp_psn = psn.next();
+    qp.resp_opcode = if end { None } else { Some(op) };
+    if end {
+        qp.msn = (qp.msn + 1) & 0x00ff_ffff;
+        if flags.contains(OpFlags::RWR) || (is_send && qp.recv.is_some()) {
+            complete_recv(qp, ctx, pkt, flags)?;
+        }
+        qp.write = None;
+    }
+    // --- acknowledge ---
+    if qp.qp_type == QpType::Rc && pkt.bth.ack_req {
+        send_ack(qp, ctx, ACK, psn);
+    }
+    Ok(())
+}
+
+fn send_data<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+    start: bool,
+) -> Result<(), Fault> {
+    if start && qp.recv.is_none() {
+        qp.recv = take_recv(qp, ctx);
+    }
+    let pd = qp.pd;
+    let Some(a) = qp.recv.as_mut() else {
+        return Err(if qp.qp_type == QpType::Rc {
+            Fault::Rnr
+        } else {
+            Fault::Drop
+        });
+    };
+    ctx.counters.rdma_sends += 1;
+    match dma::scatter(
+        &mut ctx.mem,
+        &ctx.keys,
+        pd,
+        &a.wqe.sges,
+        a.offset,
+        pkt.payload,
+    ) {
+        Ok(()) => {
+            a.offset += pkt.payload.len() as u64;
+            Ok(())
+        }
+        Err(ScatterError::TooLong) => {
+            let why = format!(
+                "a SEND of at least {} bytes does not fit the {}-byte receive WQE (wr_id {})",
+                a.offset + pkt.payload.len() as u64,
+                a.wqe.length,
+                a.wqe.wr_id
+            );
+            if qp.qp_type == QpType::Rc {
+                // IBTA 9.9.3.1.2: invalid request NAK; the receive completes
+                // with a local length error.
+                Err(fatal(
+                    NakCode::InvalidRequest,
+                    WcStatus::LocLenErr,
+                    AsyncEventKind::QpReqErr,
+                    why,
+                ))
+            } else {
+                Err(Fault::Drop)
+            }
+        }
+        Err(ScatterError::Protection(m)) => {
+            // Kernel: RESPST_ERR_MALFORMED_WQE, class A: remote operational
+            // error NAK, LOC_QP_OP_ERR on the receive.
+            Err(fatal(
+                NakCode::RemoteOperationalError,
+                WcStatus::LocQpOpErr,
+                AsyncEventKind::QpFatal,
+                format!(
+                    "the receive WQE (wr_id {}) cannot take the data: {m}",
+                    a.wqe.wr_id
+                ),
+            ))
+        }
+    }
+}
+
+fn write_data<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+    start: bool,
+    end: bool,
+) -> Result<(), Fault> {
+    let plen = pkt.payload.len() as u32;
+    if start {
+        let Some(reth) = pkt.reth else {
+            return Err(class_c(qp, invalid("WRITE FIRST/ONLY without RETH".into())));
+        };
+        // Kernel check_rkey: the first packet must match the RETH length.
+        let mtu = qp.mtu;
+        let consistent = if end {
+            plen == reth.dma_len
+        } else {
+            reth.dma_len > mtu
+        };
+        if !consistent {
+            return Err(class_c(
+                qp,
+                invalid(format!(
+                    "{} carries {plen} bytes but its RETH announces {}",
+                    pkt.bth.opcode.name(),
+                    reth.dma_len
+                )),
+            ));
+        }
+        if reth.dma_len > 0 {
+            // Check the whole range once, as the kernel does.
+            ctx.keys
+                .check_remote(
+                    qp.pd,
+                    qp.qpn,
+                    reth.rkey,
+                    reth.va,
+                    u64::from(reth.dma_len),
+                    AccessFlags::REMOTE_WRITE,
+                )
+                .map_err(|e| class_c(qp, access(e, "RDMA WRITE")))?;
+        }
+        qp.write = Some(ActiveWrite {
+            rkey: reth.rkey,
+            va: reth.va,
+            resid: reth.dma_len,
+            length: reth.dma_len,
+        });
+    }
+    let Some(w) = qp.write else {
+        return Err(class_c(
+            qp,
+            invalid("WRITE continuation without a WRITE in progress".into()),
+        ));
+    };
+    if plen > w.resid || (end && plen != w.resid) {
+        return Err(class_c(
+            qp,
+            invalid(format!(
+                "WRITE payload of {plen} bytes does not match the {} bytes still due",
+                w.resid
+            )),
+        ));
+    }
+    if plen > 0 {
+        let r = ctx
+            .keys
+            .check_remote(
+                qp.pd,
+                qp.qpn,
+                w.rkey,
+                w.va,
+                u64::from(plen),
+                AccessFlags::REMOTE_WRITE,
+            )
+            .map_err(|e| class_c(qp, access(e, "RDMA WRITE")))?;
+        ctx.mem.write(r.host_addr, pkt.payload).map_err(|e| {
+            class_c(
+                qp,
+                fatal(
+                    NakCode::RemoteAccessError,
+                    WcStatus::RemAccessErr,
+                    AsyncEventKind::QpAccessErr,
+                    e.to_string(),
+                ),
+            )
+        })?;
+    }
+    qp.write = Some(ActiveWrite {
+        va: w.va + u64::from(plen),
+        resid: w.resid - plen,
+        ..w
+    });
+    Ok(())
+}
+
+/// Complete the receive WQE of a SEND or WRITE with immediate.
+fn complete_recv<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+    flags: OpFlags,
+) -> Result<(), Fault> {
+    let is_write = flags.contains(OpFlags::WRITE);
+    if is_write && qp.recv.is_none() {
+        qp.recv = take_recv(qp, ctx);
+    }
+    let Some(a) = qp.recv.take() else {
+        return Ok(());
+    };
+    let mut wc = WorkCompletion::new(
+        a.wqe.wr_id,
+        WcStatus::Success,
+        if is_write {
+            WcOpcode::RecvRdmaWithImm
+        } else {
+            WcOpcode::Recv
+        },
+        qp.qpn,
+    );
+    wc.byte_len = if is_write {
+        qp.write.map_or(0, |w| w.length)
+    } else {
+        a.offset as u32
+    };
+    wc.src_qp = qp.attr.dest_qp_num;
+    if let Some(imm) = pkt.immdt {
+        wc.wc_flags |= WcFlags::WITH_IMM;
+        wc.imm_data = imm.imm;
+    }
+    if let Some(ieth) = pkt.ieth {
+        // IBTA 9.4.1.1: SEND with Invalidate invalidates the rkey at the
+        // responder before the completion is reported.
+        if let Err(e) = ctx.keys.invalidate(ieth.rkey, qp.qpn, qp.pd) {
+            qp.recv = Some(a);
+            return Err(invalid(format!("SEND with invalidate: {e}")));
+        }
+        wc.wc_flags |= WcFlags::WITH_INV;
+        wc.invalidated_rkey = ieth.rkey;
+    }
+    ctx.counters.rdma_recvs += 1;
+    ctx.post_cq(qp.recv_cq, wc, pkt.bth.solicited);
+    Ok(())
+}
+
+fn push_resource(qp: &mut Qp, r: Resource) {
+    // Kernel rxe recycles a ring of max_dest_rd_atomic entries.
+    while qp.resources.len() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
+        qp.resources.pop_front();
+    }
+    qp.resources.push_back(r);
+}
+
+fn read_request<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+) -> Result<(), Fault> {
+    let Some(reth) = pkt.reth else {
+        return Err(invalid("READ request without RETH".into()));
+    };
+    let psn = pkt.bth.psn;
+    let host = if reth.dma_len > 0 {
+        ctx.keys
+            .check_remote(
+                qp.pd,
+                qp.qpn,
+                reth.rkey,
+                reth.va,
+                u64::from(reth.dma_len),
+                AccessFlags::REMOTE_READ,
+            )
+            .map_err(|e| access(e, "RDMA READ"))?
+            .host_addr
+    } else {
+        0
+    };
+    let npsn = reth.dma_len.div_ceil(qp.mtu).max(1);
+    let last_psn = psn.add(npsn - 1);
+    push_resource(
+        qp,
+        Resource::Read {
+            first_psn: psn,
+            last_psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            length: reth.dma_len,
+        },
+    );
+    qp.resp_psn = last_psn.next();
+    qp.resp_opcode = None;
+    qp.msn = (qp.msn + 1) & 0x00ff_ffff;
+    send_read_responses(qp, ctx, psn, psn, host, reth.dma_len).map_err(|m| {
+        fatal(
+            NakCode::RemoteOperationalError,
+            WcStatus::RemOpErr,
+            AsyncEventKind::QpFatal,
+            format!("READ data could not be read: {m}"),
+        )
+    })
+}
+
+fn atomic_request<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+) -> Result<(), Fault> {
+    let Some(a) = pkt.atomic else {
+        return Err(invalid("atomic request without AtomicETH".into()));
+    };
+    let psn = pkt.bth.psn;
+    if a.va & 7 != 0 {
+        return Err(invalid(format!(
+            "atomic at {:#x} is not 8-byte aligned",
+            a.va
+        )));
+    }
+    let r = ctx
+        .keys
+        .check_remote(qp.pd, qp.qpn, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        .map_err(|e| access(e, "atomic"))?;
+    let op = if pkt.bth.opcode == Opcode::RC_COMPARE_SWAP {
+        AtomicOp::CompareSwap {
+            compare: a.compare,
+            swap: a.swap_add,
+        }
+    } else {
+        AtomicOp::FetchAdd { add: a.swap_add }
+    };
+    let orig = ctx.mem.atomic(r.host_addr, op).map_err(|e| {
+        fatal(
+            NakCode::RemoteAccessError,
+            WcStatus::RemAccessErr,
+            AsyncEventKind::QpAccessErr,
+            e.to_string(),
+        )
+    })?;
+    push_resource(qp, Resource::Atomic { psn, orig });
+    qp.resp_psn = psn.next();
+    qp.resp_opcode = None;
+    qp.msn = (qp.msn + 1) & 0x00ff_ffff;
+    send_atomic_ack(qp, ctx, psn, orig);
+    Ok(())
+}
+
+/// IBTA 9.7.5.1.1 (kernel `duplicate_request`): re-ACK a duplicate SEND or
+/// WRITE, re-execute a duplicate READ, replay an atomic's saved result.
+fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, flags: OpFlags) {
+    let psn = pkt.bth.psn;
+    if flags.contains(OpFlags::SEND) || flags.contains(OpFlags::WRITE) {
+        send_ack(qp, ctx, ACK, qp.resp_psn.sub(1));
+        return;
+    }
+    let Some(res) = qp.resources.iter().rev().find(|r| r.covers(psn)).copied() else {
+        // Class D: not in our resources (too old): drop.
+        return;
+    };
+    match (res, pkt.reth) {
+        (
+            Resource::Read {
+                first_psn,
+                va,
+                rkey,
+                length,
+                ..
+            },
+            Some(reth),
+        ) if flags.contains(OpFlags::READ) => {
+            // The retried request must be the original or a tail of it.
+            let end = va + u64::from(length);
+            if reth.rkey != rkey || reth.va < va || reth.va + u64::from(reth.dma_len) > end {
+                return;
+            }
+            let host = if reth.dma_len > 0 {
+                match ctx.keys.check_remote(
+                    qp.pd,
+                    qp.qpn,
+                    reth.rkey,
+                    reth.va,
+                    u64::from(reth.dma_len),
+                    AccessFlags::REMOTE_READ,
+                ) {
+                    Ok(r) => r.host_addr,
+                    Err(_) => return,
+                }
+            } else {
+                0
+            };
+            let _ = send_read_responses(qp, ctx, first_psn, psn, host, reth.dma_len);
+        }
+        (Resource::Atomic { orig, .. }, _) if flags.contains(OpFlags::ATOMIC) => {
+            send_atomic_ack(qp, ctx, psn, orig);
+        }
+        _ => {}
+    }
+}
+
+/// Build the 40-byte network header placed at the start of a UD receive
+/// buffer (kernel `build_rdma_network_hdr`): for IPv4, 20 zero bytes then
+/// the IPv4 header; for IPv6, the IPv6 header. A UDP socket hides the real
+/// header, so it is reconstructed as the sender built it.
+fn network_header(dg: &RxDatagram<'_>) -> [u8; 40] {
+    let mut h = [0u8; 40];
+    let udp_len = 8 + dg.payload.len();
+    match (dg.src, dg.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let ip = &mut h[20..40];
+            ip[0] = 0x45;
+            let total = (20 + udp_len) as u16;
+            ip[2..4].copy_from_slice(&total.to_be_bytes());
+            ip[4..6].copy_from_slice(&dg.ipv4_id.unwrap_or(0).to_be_bytes());
+            ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes());
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            let mut sum = 0u32;
+            for c in ip.chunks(2) {
+                sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        }
+        (s, d) => {
+            h[0] = 0x60;
+            h[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+            h[6] = 17;
+            h[7] = 64;
+            let to16 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+                IpAddr::V6(v) => v.octets(),
+            };
+            h[8..24].copy_from_slice(&to16(s));
+            h[24..40].copy_from_slice(&to16(d));
+        }
+    }
+    h
+}
+
+/// UD receive (kernel: check Q_Key, GRH first, then the payload).
+fn ud_receive<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, dg: &RxDatagram<'_>) {
+    let Some(deth) = pkt.deth else {
+        ctx.counters.rcvd_malformed += 1;
+        return;
+    };
+    if deth.qkey != qp.attr.qkey {
+        // IBTA 10.2.5: Q_Key violation, silently dropped.
+        ctx.counters.rcvd_qkey_err += 1;
+        return;
+    }
+    let need = 40 + pkt.payload.len() as u64;
+    let pd = qp.pd;
+    // Peek first: a message that does not fit leaves the WQE for the next
+    // one (kernel class D1).
+    let fits = match qp.srq {
+        Some(h) => ctx
+            .srqs
+            .get(&h)
+            .and_then(|s| s.queue.front())
+            .map(|w| w.length >= need),
+        None => qp.rq.front().map(|w| w.length >= need),
+    };
+    match fits {
+        None => {
+            ctx.counters.rcvd_dropped_msgs += 1;
+            return;
+        }
+        Some(false) => {
+            ctx.counters.rcvd_dropped_msgs += 1;
+            return;
+        }
+        Some(true) => {}
+    }
+    let Some(a) = take_recv(qp, ctx) else { return };
+    let wqe: RecvWqe = a.wqe;
+    let hdr = network_header(dg);
+    let placed = dma::scatter(&mut ctx.mem, &ctx.keys, pd, &wqe.sges, 0, &hdr)
+        .and_then(|()| dma::scatter(&mut ctx.mem, &ctx.keys, pd, &wqe.sges, 40, pkt.payload));
+    if let Err(e) = placed {
+        let m = match e {
+            ScatterError::TooLong => "message too long".to_string(),
+            ScatterError::Protection(m) => m,
+        };
+        let why = format!(
+            "UD receive WQE (wr_id {}) cannot take the data: {m}",
+            wqe.wr_id
+        );
+        let wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocQpOpErr, WcOpcode::Recv, qp.qpn);
+        ctx.post_cq(qp.recv_cq, wc, false);
+        ctx.event(
+            AsyncEventKind::QpFatal,
+            EventObject::Qp(qp.qpn),
+            why.clone(),
+        );
+        enter_error(qp, ctx, Some(why));
+        return;
+    }
+    let mut wc = WorkCompletion::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
+    wc.byte_len = need as u32;
+    wc.src_qp = deth.src_qpn;
+    wc.wc_flags = WcFlags::GRH;
+    if let Some(imm) = pkt.immdt {
+        wc.wc_flags |= WcFlags::WITH_IMM;
+        wc.imm_data = imm.imm;
+    }
+    ctx.counters.rdma_sends += 1;
+    ctx.counters.rdma_recvs += 1;
+    ctx.post_cq(qp.recv_cq, wc, pkt.bth.solicited);
+}

@@ -1,0 +1,129 @@
+//! Building outgoing packets.
+
+use std::net::IpAddr;
+
+use wire::aeth::AethRepr;
+use wire::atomic::{AtomicAckRepr, AtomicEthRepr};
+use wire::bth::BthRepr;
+use wire::deth::DethRepr;
+use wire::icrc::IpUdpInfo;
+use wire::ieth::IethRepr;
+use wire::immdt::ImmDtRepr;
+use wire::reth::RethRepr;
+use wire::{Opcode, PacketRepr, Psn, ROCEV2_UDP_PORT};
+
+use crate::engine::{Ctx, Transmit};
+
+/// Default P_Key (full membership), as kernel rxe sends.
+pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
+
+/// The largest payload of one packet (MTU 4096).
+const MAX_PAYLOAD: usize = 4096;
+static ZEROS: [u8; MAX_PAYLOAD] = [0; MAX_PAYLOAD];
+
+/// Everything of a packet but its payload bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Headers {
+    pub opcode: Opcode,
+    pub dest_qpn: u32,
+    pub psn: Psn,
+    pub ack_req: bool,
+    pub solicited: bool,
+    pub reth: Option<RethRepr>,
+    pub atomic: Option<AtomicEthRepr>,
+    pub aeth: Option<AethRepr>,
+    pub atomic_ack: Option<AtomicAckRepr>,
+    pub deth: Option<DethRepr>,
+    pub immdt: Option<u32>,
+    pub ieth: Option<u32>,
+}
+
+impl Headers {
+    pub fn new(opcode: Opcode, dest_qpn: u32, psn: Psn) -> Self {
+        Headers {
+            opcode,
+            dest_qpn,
+            psn,
+            ack_req: false,
+            solicited: false,
+            reth: None,
+            atomic: None,
+            aeth: None,
+            atomic_ack: None,
+            deth: None,
+            immdt: None,
+            ieth: None,
+        }
+    }
+}
+
+/// Where a packet goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Route {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub src_port: u16,
+}
+
+/// Build a packet with `payload_len` bytes filled by `fill`, compute its ICRC
+/// and queue it. `fill` gets the payload area and may fail (a local
+/// protection error); then nothing is queued.
+pub(crate) fn emit<M, E>(
+    ctx: &mut Ctx<M>,
+    route: Route,
+    h: &Headers,
+    payload_len: usize,
+    fill: impl FnOnce(&mut Ctx<M>, &mut [u8]) -> Result<(), E>,
+) -> Result<(), EmitError<E>> {
+    if payload_len > MAX_PAYLOAD {
+        return Err(EmitError::Build(wire::Error::Malformed));
+    }
+    let repr = PacketRepr {
+        bth: BthRepr {
+            opcode: h.opcode,
+            solicited: h.solicited,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: h.dest_qpn,
+            ack_req: h.ack_req,
+            psn: h.psn,
+        },
+        rdeth: None,
+        deth: h.deth,
+        reth: h.reth,
+        feth: None,
+        atomic: h.atomic,
+        aeth: h.aeth,
+        atomic_ack: h.atomic_ack,
+        immdt: h.immdt.map(|imm| ImmDtRepr { imm }),
+        ieth: h.ieth.map(|rkey| IethRepr { rkey }),
+        payload: &ZEROS[..payload_len],
+    };
+    let mut buf = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut buf).map_err(EmitError::Build)?;
+    let hl = repr.header_len();
+    fill(ctx, &mut buf[hl..hl + payload_len]).map_err(EmitError::Fill)?;
+    let info = IpUdpInfo {
+        src: route.src,
+        dst: route.dst,
+        src_port: route.src_port,
+        dst_port: ROCEV2_UDP_PORT,
+        ipv4_id: 0,
+        ipv4_flags_frag: 0x4000,
+    };
+    wire::icrc::write(&info, &mut buf);
+    ctx.counters.sent_pkts += 1;
+    ctx.out.push_back(Transmit { info, payload: buf });
+    Ok(())
+}
+
+/// Why a packet could not be emitted.
+#[derive(Debug)]
+pub(crate) enum EmitError<E> {
+    Build(wire::Error),
+    Fill(E),
+}

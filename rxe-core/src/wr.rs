@@ -1,0 +1,383 @@
+//! Work requests in, work completions out.
+//!
+//! The numeric values of the enums and flags are those of libibverbs
+//! (`enum ibv_wc_status`, `enum ibv_wc_opcode`, `enum ibv_send_flags`, ...), so
+//! the C ABI can pass them through unchanged.
+
+use bitflags::bitflags;
+use std::fmt;
+
+use crate::mr::AccessFlags;
+use crate::AhHandle;
+
+/// One scatter/gather element: `length` bytes at `addr`, covered by the MR `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+bitflags! {
+    /// `enum ibv_send_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for all prior WRs to complete before starting (IBTA 10.8.3.3).
+        const FENCE = 1;
+        /// Generate a completion even when the QP is not `sq_sig_all`.
+        const SIGNALED = 2;
+        /// Set the solicited-event bit on the last packet.
+        const SOLICITED = 4;
+        /// The data is copied from the SGEs at post time; lkeys are not checked.
+        const INLINE = 8;
+        /// IP checksum offload (UD, ignored: RoCEv2 has no such offload here).
+        const IP_CSUM = 16;
+    }
+}
+
+/// The parameters of a memory-window bind (`struct ibv_mw_bind_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBindInfo {
+    /// lkey of the MR the window is bound to.
+    pub mr_lkey: u32,
+    /// First address of the window, in the MR's address space.
+    pub addr: u64,
+    /// Length of the window; 0 unbinds.
+    pub length: u64,
+    /// Remote access the window grants.
+    pub access: AccessFlags,
+}
+
+/// What a send work request does, with its operation-specific fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    Send,
+    /// `imm` is the 32-bit value carried in ImmDt, as it appears on the wire
+    /// read big-endian.
+    SendWithImm {
+        imm: u32,
+    },
+    /// Send and invalidate `rkey` at the responder (IBTA 9.4.1.1 SEND with Invalidate).
+    SendWithInv {
+        rkey: u32,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    RdmaWriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    AtomicCmpSwp {
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    },
+    AtomicFetchAdd {
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    },
+    /// Invalidate a local key (a type 2 memory window).
+    LocalInv {
+        rkey: u32,
+    },
+    /// Bind a type 2 memory window; the window's key becomes
+    /// `(mw_rkey & !0xff) | new_key`.
+    BindMw {
+        mw_rkey: u32,
+        new_key: u8,
+        bind: MwBindInfo,
+    },
+}
+
+impl SendOp {
+    /// `ibv_wr_opcode` value.
+    pub fn ibv_opcode(&self) -> u32 {
+        match self {
+            SendOp::RdmaWrite { .. } => 0,
+            SendOp::RdmaWriteWithImm { .. } => 1,
+            SendOp::Send => 2,
+            SendOp::SendWithImm { .. } => 3,
+            SendOp::RdmaRead { .. } => 4,
+            SendOp::AtomicCmpSwp { .. } => 5,
+            SendOp::AtomicFetchAdd { .. } => 6,
+            SendOp::LocalInv { .. } => 7,
+            SendOp::BindMw { .. } => 8,
+            SendOp::SendWithInv { .. } => 9,
+        }
+    }
+
+    /// The opcode reported in the requester's completion.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
+            SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+        }
+    }
+
+    /// READ and atomics use responder resources and count against
+    /// `max_rd_atomic`.
+    pub fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }
+        )
+    }
+
+    /// Atomics move exactly 8 bytes.
+    pub fn is_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::AtomicCmpSwp { .. } | SendOp::AtomicFetchAdd { .. }
+        )
+    }
+
+    /// Operations executed locally by the requester, never sent.
+    pub fn is_local(&self) -> bool {
+        matches!(self, SendOp::LocalInv { .. } | SendOp::BindMw { .. })
+    }
+
+    /// Operations that move SGE data onto the wire.
+    pub fn carries_payload(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::SendWithInv { .. }
+                | SendOp::RdmaWrite { .. }
+                | SendOp::RdmaWriteWithImm { .. }
+        )
+    }
+
+    /// A short name for messages, as rdma-core's `ibv_wr_opcode_str` spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SendOp::Send => "SEND",
+            SendOp::SendWithImm { .. } => "SEND_WITH_IMM",
+            SendOp::SendWithInv { .. } => "SEND_WITH_INV",
+            SendOp::RdmaWrite { .. } => "RDMA_WRITE",
+            SendOp::RdmaWriteWithImm { .. } => "RDMA_WRITE_WITH_IMM",
+            SendOp::RdmaRead { .. } => "RDMA_READ",
+            SendOp::AtomicCmpSwp { .. } => "ATOMIC_CMP_AND_SWP",
+            SendOp::AtomicFetchAdd { .. } => "ATOMIC_FETCH_AND_ADD",
+            SendOp::LocalInv { .. } => "LOCAL_INV",
+            SendOp::BindMw { .. } => "BIND_MW",
+        }
+    }
+}
+
+/// Destination of a UD send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    pub ah: AhHandle,
+    pub remote_qpn: u32,
+    /// When the high bit is set the QP's own Q_Key is used (IBTA 10.2.5).
+    pub remote_qkey: u32,
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub sg_list: Vec<Sge>,
+    pub flags: SendFlags,
+    /// Required for UD QPs, ignored otherwise.
+    pub ud: Option<UdDest>,
+}
+
+impl SendWr {
+    /// A signalled WR with no UD destination: the common case in tests.
+    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            sg_list,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+}
+
+/// `enum ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcStatus {
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocEecOpErr = 3,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    MwBindErr = 6,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    LocRddViolErr = 14,
+    RemInvRdReqErr = 15,
+    RemAbortErr = 16,
+    InvEecnErr = 17,
+    InvEecStateErr = 18,
+    FatalErr = 19,
+    RespTimeoutErr = 20,
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// The text `ibv_wc_status_str()` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => "local RDD violation error",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "operation aborted",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+
+    /// The enum name, e.g. `IBV_WC_RETRY_EXC_ERR`.
+    pub fn ibv_name(self) -> &'static str {
+        match self {
+            WcStatus::Success => "IBV_WC_SUCCESS",
+            WcStatus::LocLenErr => "IBV_WC_LOC_LEN_ERR",
+            WcStatus::LocQpOpErr => "IBV_WC_LOC_QP_OP_ERR",
+            WcStatus::LocEecOpErr => "IBV_WC_LOC_EEC_OP_ERR",
+            WcStatus::LocProtErr => "IBV_WC_LOC_PROT_ERR",
+            WcStatus::WrFlushErr => "IBV_WC_WR_FLUSH_ERR",
+            WcStatus::MwBindErr => "IBV_WC_MW_BIND_ERR",
+            WcStatus::BadRespErr => "IBV_WC_BAD_RESP_ERR",
+            WcStatus::LocAccessErr => "IBV_WC_LOC_ACCESS_ERR",
+            WcStatus::RemInvReqErr => "IBV_WC_REM_INV_REQ_ERR",
+            WcStatus::RemAccessErr => "IBV_WC_REM_ACCESS_ERR",
+            WcStatus::RemOpErr => "IBV_WC_REM_OP_ERR",
+            WcStatus::RetryExcErr => "IBV_WC_RETRY_EXC_ERR",
+            WcStatus::RnrRetryExcErr => "IBV_WC_RNR_RETRY_EXC_ERR",
+            WcStatus::LocRddViolErr => "IBV_WC_LOC_RDD_VIOL_ERR",
+            WcStatus::RemInvRdReqErr => "IBV_WC_REM_INV_RD_REQ_ERR",
+            WcStatus::RemAbortErr => "IBV_WC_REM_ABORT_ERR",
+            WcStatus::InvEecnErr => "IBV_WC_INV_EECN_ERR",
+            WcStatus::InvEecStateErr => "IBV_WC_INV_EEC_STATE_ERR",
+            WcStatus::FatalErr => "IBV_WC_FATAL_ERR",
+            WcStatus::RespTimeoutErr => "IBV_WC_RESP_TIMEOUT_ERR",
+            WcStatus::GeneralErr => "IBV_WC_GENERAL_ERR",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.ibv_name(), self.as_str())
+    }
+}
+
+/// `enum ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcOpcode {
+    Send = 0,
+    RdmaWrite = 1,
+    RdmaRead = 2,
+    CompSwap = 3,
+    FetchAdd = 4,
+    BindMw = 5,
+    LocalInv = 6,
+    Recv = 128,
+    RecvRdmaWithImm = 129,
+}
+
+bitflags! {
+    /// `enum ibv_wc_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        /// The first 40 bytes of the receive buffer hold the network header.
+        const GRH = 1;
+        const WITH_IMM = 2;
+        const IP_CSUM_OK = 4;
+        const WITH_INV = 8;
+    }
+}
+
+/// A work completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// ImmDt as read big-endian from the wire (valid with `WITH_IMM`).
+    pub imm_data: u32,
+    /// The invalidated rkey (valid with `WITH_INV`).
+    pub invalidated_rkey: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: WcFlags,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+impl WorkCompletion {
+    pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Self {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            vendor_err: 0,
+            byte_len: 0,
+            imm_data: 0,
+            invalidated_rkey: 0,
+            qp_num,
+            src_qp: 0,
+            wc_flags: WcFlags::empty(),
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        }
+    }
+}
