@@ -1,0 +1,1082 @@
+//! Engine scenarios over the deterministic simulator: every opcode, message
+//! sizes, and every error path with its completion status and flush.
+
+use std::time::Duration;
+
+use rxe_core::mem::Memory;
+use rxe_core::sim::{node_config, ConnectOpts, LinkConfig, Network, QpEnd};
+use rxe_core::{
+    AccessFlags, AhAttr, AsyncEventKind, Instant, Mtu, MwBindInfo, MwType, QpAttr, QpAttrMask,
+    QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, UdDest, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+
+const A_IP: &str = "10.0.0.1";
+const B_IP: &str = "10.0.0.2";
+
+fn net(seed: u64, link: LinkConfig) -> Network {
+    let mut n = Network::new(seed, link);
+    n.add_node(node_config(A_IP.parse().unwrap(), seed));
+    n.add_node(node_config(B_IP.parse().unwrap(), seed ^ 0xabc));
+    n
+}
+
+const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+struct Buf {
+    addr: u64,
+    len: u64,
+    lkey: u32,
+    rkey: u32,
+}
+
+fn buf(
+    n: &mut Network,
+    node: usize,
+    pd: rxe_core::PdHandle,
+    len: usize,
+    access: AccessFlags,
+) -> Buf {
+    let e = n.node(node);
+    let addr = e.mem_mut().alloc(len.max(1));
+    let mr = e.reg_mr(pd, addr, len as u64, access).unwrap();
+    Buf {
+        addr,
+        len: len as u64,
+        lkey: mr.lkey,
+        rkey: mr.rkey,
+    }
+}
+
+fn fill(n: &mut Network, node: usize, b: &Buf, seed: u8) {
+    let data: Vec<u8> = (0..b.len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    n.node(node).mem_mut().write(b.addr, &data).unwrap();
+}
+
+fn read(n: &mut Network, node: usize, addr: u64, len: u64) -> Vec<u8> {
+    n.node(node)
+        .mem_mut()
+        .slice(addr, len as usize)
+        .unwrap()
+        .to_vec()
+}
+
+fn sge(b: &Buf) -> Sge {
+    Sge {
+        addr: b.addr,
+        length: b.len as u32,
+        lkey: b.lkey,
+    }
+}
+
+fn settle(n: &mut Network) {
+    let limit = n.now() + Duration::from_secs(30);
+    n.run_until(limit, |_| false);
+}
+
+fn drain(n: &mut Network, e: &QpEnd) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    loop {
+        let v = n.node(e.node).poll_cq(e.send_cq, 64).unwrap();
+        if v.is_empty() {
+            break;
+        }
+        out.extend(v);
+    }
+    out
+}
+
+fn pair(n: &mut Network, ty: QpType, o: &ConnectOpts) -> (QpEnd, QpEnd) {
+    let a = n.create_endpoint(0, ty, None, None, 64).unwrap();
+    let b = n.create_endpoint(1, ty, None, None, 64).unwrap();
+    n.connect(&a, &b, o).unwrap();
+    (a, b)
+}
+
+fn post_recv(n: &mut Network, e: &QpEnd, wr_id: u64, b: &Buf) {
+    n.node(e.node)
+        .post_recv(
+            e.qpn,
+            RecvWr {
+                wr_id,
+                sg_list: vec![sge(b)],
+            },
+        )
+        .unwrap();
+}
+
+fn post(n: &mut Network, e: &QpEnd, wr: SendWr) {
+    let now = n.now();
+    n.node(e.node).post_send(now, e.qpn, wr).unwrap();
+}
+
+#[test]
+fn rc_send_sizes_and_immediate() {
+    for mtu in [Mtu::M256, Mtu::M1024, Mtu::M4096] {
+        let m = mtu.bytes() as usize;
+        let o = ConnectOpts {
+            mtu,
+            ..ConnectOpts::default()
+        };
+        let mut n = net(1, LinkConfig::perfect());
+        let (a, b) = pair(&mut n, QpType::Rc, &o);
+        for (i, size) in [0usize, 1, m - 1, m, m + 1, 3 * m + 5]
+            .into_iter()
+            .enumerate()
+        {
+            let src = buf(&mut n, 0, a.pd, size, AccessFlags::empty());
+            fill(&mut n, 0, &src, i as u8);
+            let dst = buf(&mut n, 1, b.pd, size + 7, AccessFlags::LOCAL_WRITE);
+            post_recv(&mut n, &b, 100 + i as u64, &dst);
+            let op = if i % 2 == 0 {
+                SendOp::Send
+            } else {
+                SendOp::SendWithImm {
+                    imm: 0xdead_0000 + i as u32,
+                }
+            };
+            post(&mut n, &a, SendWr::new(i as u64, op, vec![sge(&src)]));
+            settle(&mut n);
+            let sc = drain(&mut n, &a);
+            assert_eq!(sc.len(), 1, "mtu {m} size {size}: {sc:?}");
+            assert_eq!(sc[0].status, WcStatus::Success);
+            assert_eq!(sc[0].opcode, WcOpcode::Send);
+            let rc = drain(&mut n, &b);
+            assert_eq!(rc.len(), 1);
+            assert_eq!(rc[0].wr_id, 100 + i as u64);
+            assert_eq!(rc[0].status, WcStatus::Success);
+            assert_eq!(rc[0].opcode, WcOpcode::Recv);
+            assert_eq!(rc[0].byte_len as usize, size);
+            assert_eq!(rc[0].src_qp, a.qpn);
+            if i % 2 == 1 {
+                assert!(rc[0].wc_flags.contains(WcFlags::WITH_IMM));
+                assert_eq!(rc[0].imm_data, 0xdead_0000 + i as u32);
+            }
+            assert_eq!(
+                read(&mut n, 1, dst.addr, size as u64),
+                read(&mut n, 0, src.addr, size as u64)
+            );
+        }
+    }
+}
+
+#[test]
+fn rc_write_read_atomics_multi_sge() {
+    let mut n = net(2, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let s1 = buf(&mut n, 0, a.pd, 3000, AccessFlags::LOCAL_WRITE);
+    let s2 = buf(&mut n, 0, a.pd, 1500, AccessFlags::LOCAL_WRITE);
+    fill(&mut n, 0, &s1, 1);
+    fill(&mut n, 0, &s2, 2);
+    let remote = buf(&mut n, 1, b.pd, 8192, ALL);
+    // WRITE gathered from two SGEs.
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr + 100,
+                rkey: remote.rkey,
+            },
+            vec![sge(&s1), sge(&s2)],
+        ),
+    );
+    // WRITE with immediate consumes a receive.
+    let rbuf = buf(&mut n, 1, b.pd, 16, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 77, &rbuf);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            2,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: remote.addr + 5000,
+                rkey: remote.rkey,
+                imm: 42,
+            },
+            vec![sge(&s2)],
+        ),
+    );
+    settle(&mut n);
+    let mut expect = read(&mut n, 0, s1.addr, 3000);
+    expect.extend(read(&mut n, 0, s2.addr, 1500));
+    assert_eq!(read(&mut n, 1, remote.addr + 100, 4500), expect);
+    assert_eq!(
+        read(&mut n, 1, remote.addr + 5000, 1500),
+        read(&mut n, 0, s2.addr, 1500)
+    );
+    let rc = drain(&mut n, &b);
+    assert_eq!(rc.len(), 1);
+    assert_eq!(rc[0].opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(rc[0].byte_len, 1500);
+    assert_eq!(rc[0].imm_data, 42);
+    // READ it back into two SGEs.
+    let d1 = buf(&mut n, 0, a.pd, 2000, AccessFlags::LOCAL_WRITE);
+    let d2 = buf(&mut n, 0, a.pd, 2500, AccessFlags::LOCAL_WRITE);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            3,
+            SendOp::RdmaRead {
+                remote_addr: remote.addr + 100,
+                rkey: remote.rkey,
+            },
+            vec![sge(&d1), sge(&d2)],
+        ),
+    );
+    // Atomics on an 8-byte aligned counter.
+    let ctr = remote.addr + 8000;
+    n.node(1)
+        .mem_mut()
+        .write(ctr, &10u64.to_ne_bytes())
+        .unwrap();
+    let r1 = buf(&mut n, 0, a.pd, 8, AccessFlags::LOCAL_WRITE);
+    let r2 = buf(&mut n, 0, a.pd, 8, AccessFlags::LOCAL_WRITE);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            4,
+            SendOp::AtomicFetchAdd {
+                remote_addr: ctr,
+                rkey: remote.rkey,
+                add: 5,
+            },
+            vec![sge(&r1)],
+        ),
+    );
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            5,
+            SendOp::AtomicCmpSwp {
+                remote_addr: ctr,
+                rkey: remote.rkey,
+                compare: 15,
+                swap: 99,
+            },
+            vec![sge(&r2)],
+        ),
+    );
+    settle(&mut n);
+    let mut got = read(&mut n, 0, d1.addr, 2000);
+    got.extend(read(&mut n, 0, d2.addr, 2500));
+    assert_eq!(got, expect);
+    assert_eq!(read(&mut n, 0, r1.addr, 8), 10u64.to_ne_bytes());
+    assert_eq!(read(&mut n, 0, r2.addr, 8), 15u64.to_ne_bytes());
+    assert_eq!(read(&mut n, 1, ctr, 8), 99u64.to_ne_bytes());
+    let sc = drain(&mut n, &a);
+    let ops: Vec<_> = sc.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect();
+    assert_eq!(
+        ops,
+        vec![
+            (1, WcOpcode::RdmaWrite, WcStatus::Success),
+            (2, WcOpcode::RdmaWrite, WcStatus::Success),
+            (3, WcOpcode::RdmaRead, WcStatus::Success),
+            (4, WcOpcode::FetchAdd, WcStatus::Success),
+            (5, WcOpcode::CompSwap, WcStatus::Success),
+        ]
+    );
+}
+
+#[test]
+fn unsignaled_and_inline_and_fence() {
+    let mut n = net(3, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 64, AccessFlags::empty());
+    fill(&mut n, 0, &src, 9);
+    let remote = buf(&mut n, 1, b.pd, 64, ALL);
+    let mut wr = SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        },
+        vec![sge(&src)],
+    );
+    wr.flags = SendFlags::INLINE; // unsignaled, inline
+    post(&mut n, &a, wr);
+    // Inline data was copied at post time: changing the buffer now has no effect.
+    n.node(0).mem_mut().write(src.addr, &[0u8; 64]).unwrap();
+    let dst = buf(&mut n, 0, a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let mut rd = SendWr::new(
+        2,
+        SendOp::RdmaRead {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        },
+        vec![sge(&dst)],
+    );
+    rd.flags = SendFlags::SIGNALED | SendFlags::FENCE;
+    post(&mut n, &a, rd);
+    settle(&mut n);
+    let sc = drain(&mut n, &a);
+    assert_eq!(sc.len(), 1, "only the signalled READ completes: {sc:?}");
+    assert_eq!(sc[0].wr_id, 2);
+    let expect: Vec<u8> = (0..64u64)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(9))
+        .collect();
+    assert_eq!(read(&mut n, 0, dst.addr, 64), expect);
+}
+
+/// After an error, the failed WR completes with its status and everything
+/// else, queued or posted later, with WR_FLUSH_ERR in order on both queues.
+fn assert_flushed_after(n: &mut Network, e: &QpEnd, first: WcStatus, wr_ids: &[u64]) {
+    let sc = drain(n, e);
+    assert!(!sc.is_empty(), "no completions");
+    assert_eq!(sc[0].status, first, "{sc:?}");
+    let rest: Vec<_> = sc[1..].iter().map(|w| (w.wr_id, w.status)).collect();
+    let want: Vec<_> = wr_ids.iter().map(|&i| (i, WcStatus::WrFlushErr)).collect();
+    assert_eq!(rest, want);
+    assert_eq!(n.node(e.node).qp_state(e.qpn), Some(QpState::Err));
+    assert!(n.node(e.node).qp_error_reason(e.qpn).is_some());
+    // Posting after the error flushes at once.
+    let now = n.now();
+    n.node(e.node)
+        .post_send(now, e.qpn, SendWr::new(999, SendOp::Send, vec![]))
+        .unwrap();
+    let late = drain(n, e);
+    assert_eq!(
+        late.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(999, WcStatus::WrFlushErr)]
+    );
+}
+
+#[test]
+fn loc_prot_err_on_bad_lkey_then_flush() {
+    let mut n = net(4, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 100, AccessFlags::empty());
+    let rb = buf(&mut n, 1, b.pd, 100, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 1, &rb);
+    let mut bad = sge(&src);
+    bad.lkey ^= 0x55;
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![bad]));
+    post(&mut n, &a, SendWr::new(2, SendOp::Send, vec![sge(&src)]));
+    post(&mut n, &a, SendWr::new(3, SendOp::Send, vec![sge(&src)]));
+    settle(&mut n);
+    assert_flushed_after(&mut n, &a, WcStatus::LocProtErr, &[2, 3]);
+}
+
+fn rem_access_case(seed: u64, mutate: impl Fn(&Buf) -> (u64, u32), access: AccessFlags) {
+    let mut n = net(seed, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 100, AccessFlags::empty());
+    let remote = buf(&mut n, 1, b.pd, 100, access);
+    let rb = buf(&mut n, 1, b.pd, 100, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 50, &rb);
+    let (va, rkey) = mutate(&remote);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: va,
+                rkey,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    post(&mut n, &a, SendWr::new(2, SendOp::Send, vec![sge(&src)]));
+    settle(&mut n);
+    assert_flushed_after(&mut n, &a, WcStatus::RemAccessErr, &[2]);
+    // The responder went to ERR too (class C) and flushed its receive.
+    assert_eq!(n.node(1).qp_state(b.qpn), Some(QpState::Err));
+    let rc = drain(&mut n, &b);
+    assert_eq!(
+        rc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(50, WcStatus::WrFlushErr)]
+    );
+    let ev: Vec<_> = std::iter::from_fn(|| n.node(1).poll_event())
+        .map(|e| e.kind)
+        .collect();
+    assert!(ev.contains(&AsyncEventKind::QpAccessErr), "{ev:?}");
+}
+
+#[test]
+fn rem_access_err_bad_rkey() {
+    rem_access_case(5, |r| (r.addr, r.rkey ^ 0x3), ALL);
+}
+
+#[test]
+fn rem_access_err_out_of_bounds() {
+    rem_access_case(6, |r| (r.addr + 50, r.rkey), ALL);
+}
+
+#[test]
+fn rem_access_err_missing_flag() {
+    rem_access_case(
+        7,
+        |r| (r.addr, r.rkey),
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+    );
+}
+
+#[test]
+fn rnr_retry_exceeded_when_peer_never_posts() {
+    let mut n = net(8, LinkConfig::perfect());
+    let o = ConnectOpts {
+        rnr_retry: 3,
+        min_rnr_timer: 1,
+        ..ConnectOpts::default()
+    };
+    let (a, _b) = pair(&mut n, QpType::Rc, &o);
+    let src = buf(&mut n, 0, a.pd, 10, AccessFlags::empty());
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    post(&mut n, &a, SendWr::new(2, SendOp::Send, vec![sge(&src)]));
+    settle(&mut n);
+    assert_eq!(
+        n.node(0).counters().rcvd_rnr_err,
+        4,
+        "initial try + 3 retries"
+    );
+    assert_eq!(n.node(1).counters().send_rnr_err, 4);
+    assert_eq!(n.node(0).counters().retry_rnr_exceeded_err, 1);
+    assert_flushed_after(&mut n, &a, WcStatus::RnrRetryExcErr, &[2]);
+}
+
+#[test]
+fn rnr_then_success_when_receive_posted_late() {
+    let mut n = net(9, LinkConfig::perfect());
+    let o = ConnectOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 14,
+        ..ConnectOpts::default()
+    }; // 1.28 ms
+    let (a, b) = pair(&mut n, QpType::Rc, &o);
+    let src = buf(&mut n, 0, a.pd, 2000, AccessFlags::empty());
+    fill(&mut n, 0, &src, 3);
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    // Let it be refused a few times (rnr_retry 7 = forever).
+    let t = n.now() + Duration::from_millis(10);
+    n.run_until(t, |_| false);
+    let rnrs = n.node(0).counters().rcvd_rnr_err;
+    assert!(rnrs >= 5, "expected repeated RNR NAKs, got {rnrs}");
+    // The back-off follows the timer: no more than 10 ms / 1.28 ms + 1 tries.
+    assert!(rnrs <= 9, "RNR back-off too short: {rnrs} NAKs in 10 ms");
+    let rb = buf(&mut n, 1, b.pd, 2000, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 5, &rb);
+    settle(&mut n);
+    let sc = drain(&mut n, &a);
+    assert_eq!(
+        sc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success)]
+    );
+    assert_eq!(
+        read(&mut n, 1, rb.addr, 2000),
+        read(&mut n, 0, src.addr, 2000)
+    );
+}
+
+#[test]
+fn retry_exceeded_when_peer_vanishes() {
+    let mut n = net(10, LinkConfig::perfect());
+    let o = ConnectOpts {
+        retry_cnt: 3,
+        timeout: 12,
+        ..ConnectOpts::default()
+    }; // 16.8 ms
+    let (a, b) = pair(&mut n, QpType::Rc, &o);
+    n.node(1).destroy_qp(b.qpn).unwrap();
+    let src = buf(&mut n, 0, a.pd, 10, AccessFlags::empty());
+    let start = n.now();
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            2,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    let limit = start + Duration::from_secs(5);
+    n.run_until(limit, |n| n.node(0).cq_len(a.send_cq) > 0);
+    let took = n.now() - start;
+    // 1 try + 3 retries, each waiting 4.096 µs × 2^12.
+    let per = Duration::from_nanos(4096 << 12);
+    assert!(
+        took >= per * 4 && took <= per * 4 + Duration::from_millis(1),
+        "took {took:?}"
+    );
+    assert_eq!(n.node(0).counters().retry_exceeded_err, 1);
+    assert_flushed_after(&mut n, &a, WcStatus::RetryExcErr, &[2]);
+}
+
+#[test]
+fn modify_qp_wrong_mask_names_the_attribute() {
+    let mut n = net(11, LinkConfig::perfect());
+    let a = n.create_endpoint(0, QpType::Rc, None, None, 8).unwrap();
+    let now = n.now();
+    let e = n.node(0);
+    let init = QpAttr {
+        qp_state: Some(QpState::Init),
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    let err = e
+        .modify_qp(
+            now,
+            a.qpn,
+            &init,
+            QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX,
+        )
+        .unwrap_err();
+    assert_eq!(err.errno(), 22);
+    assert!(err.to_string().contains("IBV_QP_ACCESS_FLAGS"), "{err}");
+    let err = e
+        .modify_qp(
+            now,
+            a.qpn,
+            &QpAttr {
+                qp_state: Some(QpState::Rts),
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("RESET") && err.to_string().contains("RTS"),
+        "{err}"
+    );
+    assert_eq!(e.qp_state(a.qpn), Some(QpState::Reset));
+}
+
+#[test]
+fn local_len_err_on_small_receive() {
+    let mut n = net(12, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 100, AccessFlags::empty());
+    let small = buf(&mut n, 1, b.pd, 50, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 1, &small);
+    post_recv(&mut n, &b, 2, &small);
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    settle(&mut n);
+    assert_flushed_after(&mut n, &a, WcStatus::RemInvReqErr, &[]);
+    let rc = drain(&mut n, &b);
+    assert_eq!(
+        rc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]
+    );
+}
+
+#[test]
+fn uc_send_and_write() {
+    let mut n = net(13, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Uc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 5000, AccessFlags::empty());
+    fill(&mut n, 0, &src, 4);
+    let rb = buf(&mut n, 1, b.pd, 5000, AccessFlags::LOCAL_WRITE);
+    let remote = buf(&mut n, 1, b.pd, 5000, ALL);
+    post_recv(&mut n, &b, 1, &rb);
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            2,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &a).len(), 2);
+    assert_eq!(drain(&mut n, &b).len(), 1);
+    let s = read(&mut n, 0, src.addr, 5000);
+    assert_eq!(read(&mut n, 1, rb.addr, 5000), s);
+    assert_eq!(read(&mut n, 1, remote.addr, 5000), s);
+    // READ is not a UC operation.
+    let now = n.now();
+    let err = n
+        .node(0)
+        .post_send(
+            now,
+            a.qpn,
+            SendWr::new(
+                3,
+                SendOp::RdmaRead {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+                vec![],
+            ),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("UC"), "{err}");
+}
+
+#[test]
+fn ud_send_with_grh() {
+    let mut n = net(14, LinkConfig::perfect());
+    let a = n.create_endpoint(0, QpType::Ud, None, None, 8).unwrap();
+    let b = n.create_endpoint(1, QpType::Ud, None, None, 8).unwrap();
+    n.activate_ud(&a, 0x1111, 5).unwrap();
+    n.activate_ud(&b, 0x2222, 9).unwrap();
+    let src = buf(&mut n, 0, a.pd, 200, AccessFlags::empty());
+    fill(&mut n, 0, &src, 5);
+    let rb = buf(&mut n, 1, b.pd, 240, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 1, &rb);
+    let gid_b = {
+        let ip: std::net::Ipv4Addr = B_IP.parse().unwrap();
+        ip.to_ipv6_mapped().octets()
+    };
+    let ah = n
+        .node(0)
+        .create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: gid_b,
+                is_global: true,
+                port_num: 1,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    let mut wr = SendWr::new(1, SendOp::SendWithImm { imm: 7 }, vec![sge(&src)]);
+    wr.ud = Some(UdDest {
+        ah,
+        remote_qpn: b.qpn,
+        remote_qkey: 0x2222,
+    });
+    post(&mut n, &a, wr.clone());
+    // Wrong Q_Key: dropped silently.
+    wr.ud = Some(UdDest {
+        ah,
+        remote_qpn: b.qpn,
+        remote_qkey: 0x3333,
+    });
+    post(&mut n, &a, wr);
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &a).len(), 2);
+    let rc = drain(&mut n, &b);
+    assert_eq!(rc.len(), 1);
+    assert_eq!(rc[0].byte_len, 240);
+    assert_eq!(rc[0].src_qp, a.qpn);
+    assert!(rc[0].wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+    let grh = read(&mut n, 1, rb.addr, 40);
+    assert_eq!(&grh[..20], &[0u8; 20]);
+    assert_eq!(grh[20], 0x45, "IPv4 header in the second half of the GRH");
+    assert_eq!(&grh[32..36], &[10, 0, 0, 1]);
+    assert_eq!(
+        read(&mut n, 1, rb.addr + 40, 200),
+        read(&mut n, 0, src.addr, 200)
+    );
+    assert_eq!(n.node(1).counters().rcvd_qkey_err, 1);
+}
+
+#[test]
+fn srq_shared_by_two_qps_with_limit_event() {
+    let mut n = net(15, LinkConfig::perfect());
+    let pd_b = n.node(1).alloc_pd().unwrap();
+    let srq = n
+        .node(1)
+        .create_srq(
+            pd_b,
+            SrqAttr {
+                max_wr: 16,
+                max_sge: 2,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let a1 = n.create_endpoint(0, QpType::Rc, None, None, 16).unwrap();
+    let a2 = n.create_endpoint(0, QpType::Rc, None, None, 16).unwrap();
+    let b1 = n
+        .create_endpoint(1, QpType::Rc, Some(pd_b), Some(srq), 16)
+        .unwrap();
+    let b2 = n
+        .create_endpoint(1, QpType::Rc, Some(pd_b), Some(srq), 16)
+        .unwrap();
+    n.connect(&a1, &b1, &ConnectOpts::default()).unwrap();
+    n.connect(&a2, &b2, &ConnectOpts::default()).unwrap();
+    let bufs: Vec<Buf> = (0..6)
+        .map(|_| buf(&mut n, 1, pd_b, 64, AccessFlags::LOCAL_WRITE))
+        .collect();
+    for (i, b) in bufs.iter().enumerate() {
+        n.node(1)
+            .post_srq_recv(
+                srq,
+                RecvWr {
+                    wr_id: i as u64,
+                    sg_list: vec![sge(b)],
+                },
+            )
+            .unwrap();
+    }
+    n.node(1).modify_srq_limit(srq, 3).unwrap();
+    let s1 = buf(&mut n, 0, a1.pd, 64, AccessFlags::empty());
+    let s2 = buf(&mut n, 0, a2.pd, 64, AccessFlags::empty());
+    for i in 0..2 {
+        post(&mut n, &a1, SendWr::new(i, SendOp::Send, vec![sge(&s1)]));
+        post(
+            &mut n,
+            &a2,
+            SendWr::new(10 + i, SendOp::Send, vec![sge(&s2)]),
+        );
+    }
+    settle(&mut n);
+    let mut got: Vec<u64> = drain(&mut n, &b1)
+        .iter()
+        .chain(drain(&mut n, &b2).iter())
+        .map(|w| w.wr_id)
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![0, 1, 2, 3]);
+    let ev: Vec<_> = std::iter::from_fn(|| n.node(1).poll_event())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        ev.iter()
+            .filter(|k| **k == AsyncEventKind::SrqLimitReached)
+            .count(),
+        1,
+        "{ev:?}"
+    );
+    assert_eq!(n.node(1).query_srq(srq).unwrap().1, 2);
+}
+
+#[test]
+fn cq_overflow_raises_cq_err_and_poll_reports_it() {
+    let mut n = net(16, LinkConfig::perfect());
+    let a = n.create_endpoint(0, QpType::Rc, None, None, 8).unwrap();
+    let b = n.create_endpoint(1, QpType::Rc, None, None, 8).unwrap();
+    n.connect(&a, &b, &ConnectOpts::default()).unwrap();
+    let cq_small = a.send_cq; // 8 * 4 = 32 entries
+    let src = buf(&mut n, 0, a.pd, 8, AccessFlags::empty());
+    let remote = buf(&mut n, 1, b.pd, 8, ALL);
+    for round in 0..5u64 {
+        for i in 0..8 {
+            post(
+                &mut n,
+                &a,
+                SendWr::new(
+                    round * 8 + i,
+                    SendOp::RdmaWrite {
+                        remote_addr: remote.addr,
+                        rkey: remote.rkey,
+                    },
+                    vec![sge(&src)],
+                ),
+            );
+        }
+        settle(&mut n);
+    }
+    assert!(n.node(0).counters().cq_overflow > 0);
+    let ev: Vec<_> = std::iter::from_fn(|| n.node(0).poll_event())
+        .map(|e| e.kind)
+        .collect();
+    assert!(ev.contains(&AsyncEventKind::CqErr), "{ev:?}");
+    let got = n.node(0).poll_cq(cq_small, 1000).unwrap();
+    assert_eq!(got.len(), 32);
+    assert!(n.node(0).poll_cq(cq_small, 1).is_err());
+}
+
+#[test]
+fn memory_window_type2_bind_write_and_send_with_invalidate() {
+    let mut n = net(17, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let region = buf(&mut n, 1, b.pd, 4096, ALL | AccessFlags::MW_BIND);
+    let mw = n.node(1).alloc_mw(b.pd, MwType::Type2).unwrap();
+    let bind = MwBindInfo {
+        mr_lkey: region.lkey,
+        addr: region.addr + 1024,
+        length: 512,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    post(
+        &mut n,
+        &b,
+        SendWr::new(
+            1,
+            SendOp::BindMw {
+                mw_rkey: mw,
+                new_key: 0x5a,
+                bind,
+            },
+            vec![],
+        ),
+    );
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &b)[0].status, WcStatus::Success);
+    let key = (mw & !0xff) | 0x5a;
+    let src = buf(&mut n, 0, a.pd, 512, AccessFlags::empty());
+    fill(&mut n, 0, &src, 8);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: region.addr + 1024,
+                rkey: key,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    // Send with invalidate revokes the window.
+    let rb = buf(&mut n, 1, b.pd, 16, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 9, &rb);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(2, SendOp::SendWithInv { rkey: key }, vec![]),
+    );
+    settle(&mut n);
+    assert_eq!(
+        read(&mut n, 1, region.addr + 1024, 512),
+        read(&mut n, 0, src.addr, 512)
+    );
+    let rc = drain(&mut n, &b);
+    assert_eq!(rc.len(), 1);
+    assert!(rc[0].wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(rc[0].invalidated_rkey, key);
+    // Now the window is gone: the next WRITE fails with REM_ACCESS_ERR.
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            3,
+            SendOp::RdmaWrite {
+                remote_addr: region.addr + 1024,
+                rkey: key,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    settle(&mut n);
+    let sc = drain(&mut n, &a);
+    assert_eq!(
+        sc.iter().map(|w| w.status).collect::<Vec<_>>(),
+        vec![WcStatus::Success, WcStatus::Success, WcStatus::RemAccessErr]
+    );
+}
+
+#[test]
+fn sqd_drains_then_raises_sq_drained() {
+    let mut n = net(18, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 10_000, AccessFlags::empty());
+    let remote = buf(&mut n, 1, b.pd, 10_000, ALL);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    let now = n.now();
+    n.node(0)
+        .modify_qp(
+            now,
+            a.qpn,
+            &QpAttr {
+                qp_state: Some(QpState::Sqd),
+                en_sqd_async_notify: true,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY,
+        )
+        .unwrap();
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            2,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    settle(&mut n);
+    let ev: Vec<_> = std::iter::from_fn(|| n.node(0).poll_event())
+        .map(|e| e.kind)
+        .collect();
+    assert!(ev.contains(&AsyncEventKind::SqDrained), "{ev:?}");
+    assert_eq!(
+        drain(&mut n, &a)
+            .iter()
+            .map(|w| w.wr_id)
+            .collect::<Vec<_>>(),
+        vec![1],
+        "WR 2 waits in SQD"
+    );
+    let now = n.now();
+    n.node(0)
+        .modify_qp(
+            now,
+            a.qpn,
+            &QpAttr {
+                qp_state: Some(QpState::Rts),
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )
+        .unwrap();
+    settle(&mut n);
+    assert_eq!(
+        drain(&mut n, &a)
+            .iter()
+            .map(|w| w.wr_id)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+}
+
+#[test]
+fn completion_notification_fires_once_per_arm() {
+    let mut n = net(19, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 8, AccessFlags::empty());
+    let rb = buf(&mut n, 1, b.pd, 8, AccessFlags::LOCAL_WRITE);
+    n.node(1).req_notify_cq(b.recv_cq, true).unwrap();
+    post_recv(&mut n, &b, 1, &rb);
+    post_recv(&mut n, &b, 2, &rb);
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    settle(&mut n);
+    assert_eq!(
+        n.node(1).poll_cq_notification(),
+        None,
+        "unsolicited send must not wake a solicited-only arm"
+    );
+    let mut wr = SendWr::new(2, SendOp::Send, vec![sge(&src)]);
+    wr.flags |= SendFlags::SOLICITED;
+    post(&mut n, &a, wr);
+    settle(&mut n);
+    assert_eq!(n.node(1).poll_cq_notification(), Some(b.recv_cq));
+    assert_eq!(n.node(1).poll_cq_notification(), None);
+}
+
+#[test]
+fn psn_wraps_around() {
+    let mut n = net(20, LinkConfig::perfect());
+    let o = ConnectOpts {
+        psn_a: 0x00ff_fffe,
+        psn_b: 0x00ff_ffff,
+        mtu: Mtu::M256,
+        ..ConnectOpts::default()
+    };
+    let (a, b) = pair(&mut n, QpType::Rc, &o);
+    let src = buf(&mut n, 0, a.pd, 2000, AccessFlags::empty());
+    fill(&mut n, 0, &src, 1);
+    let remote = buf(&mut n, 1, b.pd, 2000, ALL);
+    let back = buf(&mut n, 0, a.pd, 2000, AccessFlags::LOCAL_WRITE);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            2,
+            SendOp::RdmaRead {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&back)],
+        ),
+    );
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &a).len(), 2);
+    assert_eq!(
+        read(&mut n, 0, back.addr, 2000),
+        read(&mut n, 0, src.addr, 2000)
+    );
+    let (attr, _) = n.node(0).query_qp(a.qpn).unwrap();
+    assert_eq!(attr.sq_psn, (0x00ff_fffe + 8 + 8) & 0xff_ffff);
+}
+
+#[test]
+fn lossy_link_rc_recovers_byte_exact() {
+    let link = LinkConfig {
+        loss: 0.05,
+        duplicate: 0.03,
+        reorder: 0.05,
+        corrupt: 0.02,
+        ..LinkConfig::perfect()
+    };
+    let mut n = net(21, link);
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    let src = buf(&mut n, 0, a.pd, 1 << 20, AccessFlags::empty());
+    fill(&mut n, 0, &src, 77);
+    let remote = buf(&mut n, 1, b.pd, 1 << 20, ALL);
+    let back = buf(&mut n, 0, a.pd, 1 << 20, AccessFlags::LOCAL_WRITE);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            2,
+            SendOp::RdmaRead {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&back)],
+        ),
+    );
+    let limit = n.now() + Duration::from_secs(120);
+    assert!(n.run_until(limit, |n| n.node(0).cq_len(a.send_cq) == 2));
+    let sc = drain(&mut n, &a);
+    assert!(sc.iter().all(|w| w.status == WcStatus::Success), "{sc:?}");
+    settle(&mut n); // let corrupted datagrams still in flight arrive
+    assert_eq!(
+        read(&mut n, 1, remote.addr, 1 << 20),
+        read(&mut n, 0, src.addr, 1 << 20)
+    );
+    assert_eq!(
+        read(&mut n, 0, back.addr, 1 << 20),
+        read(&mut n, 0, src.addr, 1 << 20)
+    );
+    let st = n.stats().clone();
+    assert!(
+        st.lost > 0 && st.corrupted > 0 && st.duplicated > 0,
+        "{st:?}"
+    );
+    let icrc = n.nodes()[0].counters().rcvd_icrc_err + n.nodes()[1].counters().rcvd_icrc_err;
+    assert_eq!(
+        icrc, st.corrupted,
+        "every corrupted datagram is caught by the ICRC"
+    );
+    let _ = Instant::ZERO;
+}
