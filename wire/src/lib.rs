@@ -4,6 +4,7 @@ pub mod atomic;
 pub mod bth;
 pub mod deth;
 pub mod feth;
+pub mod frame;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
