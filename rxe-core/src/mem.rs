@@ -111,6 +111,24 @@ impl VecMemory {
         addr
     }
 
+    /// Allocate a zeroed region at a chosen address (to mirror another
+    /// host's addresses, e.g. when replaying a capture). Fails if it would
+    /// overlap an existing region.
+    pub fn alloc_at(&mut self, addr: u64, len: usize) -> Option<u64> {
+        let end = addr.checked_add(len as u64)?;
+        let overlaps = self
+            .regions
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&b, r)| b + r.len() as u64 > addr);
+        if overlaps {
+            return None;
+        }
+        self.regions.insert(addr, vec![0; len]);
+        self.next = self.next.max(end.div_ceil(0x1000) * 0x1000 + 0x1000);
+        Some(addr)
+    }
+
     /// Free a region by its address.
     pub fn free(&mut self, addr: u64) -> bool {
         self.regions.remove(&addr).is_some()
@@ -171,6 +189,17 @@ mod tests {
         let mut out = [0u8; 16];
         m.read(a, &mut out).unwrap();
         assert_eq!(out, [1; 16]);
+    }
+
+    #[test]
+    fn alloc_at_refuses_overlap() {
+        let mut m = VecMemory::new();
+        assert_eq!(m.alloc_at(0x5000_0000, 100), Some(0x5000_0000));
+        assert_eq!(m.alloc_at(0x5000_0050, 10), None);
+        assert_eq!(m.alloc_at(0x4fff_fff0, 0x20), None);
+        assert_eq!(m.alloc_at(0x5000_0064, 10), Some(0x5000_0064));
+        let a = m.alloc(10);
+        assert!(a > 0x5000_0064);
     }
 
     #[test]
