@@ -58,6 +58,9 @@ pub struct LinkConfig {
     pub delay: Duration,
     /// Extra delay of a reordered datagram.
     pub reorder_delay: Duration,
+    /// Deliver datagrams without their IPv4 ID, as a UDP socket does, so
+    /// the receiver must solve for it to check the ICRC.
+    pub hide_ipv4_id: bool,
 }
 
 impl LinkConfig {
@@ -70,6 +73,7 @@ impl LinkConfig {
             corrupt: 0.0,
             delay: Duration::from_micros(10),
             reorder_delay: Duration::from_micros(50),
+            hide_ipv4_id: false,
         }
     }
 }
@@ -261,7 +265,11 @@ impl Network {
                 dst: f.dst_ip,
                 src_port: f.src_port,
                 dst_port: f.dst_port,
-                ipv4_id: Some(0),
+                ipv4_id: if self.link.hide_ipv4_id {
+                    None
+                } else {
+                    Some(0)
+                },
                 payload: &f.payload,
             };
             let now = self.now;

@@ -76,6 +76,8 @@ fn run_seed(seed: u64) -> Result<String, String> {
         corrupt: pct(&mut rng, 2),
         delay: Duration::from_micros(5 + rng.below(50)),
         reorder_delay: Duration::from_micros(100),
+        // Half the seeds check ICRCs the way a UDP socket must (IP ID hidden).
+        hide_ipv4_id: seed % 2 == 1,
     };
     let mtu = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096][rng.below(5) as usize];
     let m = mtu.bytes() as usize;
