@@ -95,6 +95,27 @@ ops! {
  UC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", [IMMDT|PAYLOAD|REQ|WRITE|COMP|RWR|END];
  UC_RDMA_WRITE_ONLY = 0x2a, "UC_RDMA_WRITE_ONLY", [RETH|PAYLOAD|REQ|WRITE|START|END];
  UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2b, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", [RETH|IMMDT|PAYLOAD|REQ|WRITE|COMP|RWR|START|END];
+ RD_SEND_FIRST = 0x40, "RD_SEND_FIRST", [RDETH|DETH|PAYLOAD|REQ|RWR|SEND|START];
+ RD_SEND_MIDDLE = 0x41, "RD_SEND_MIDDLE", [RDETH|DETH|PAYLOAD|REQ|SEND|MIDDLE];
+ RD_SEND_LAST = 0x42, "RD_SEND_LAST", [RDETH|DETH|PAYLOAD|REQ|COMP|SEND|END];
+ RD_SEND_LAST_WITH_IMMEDIATE = 0x43, "RD_SEND_LAST_WITH_IMMEDIATE", [RDETH|DETH|IMMDT|PAYLOAD|REQ|COMP|SEND|END];
+ RD_SEND_ONLY = 0x44, "RD_SEND_ONLY", [RDETH|DETH|PAYLOAD|REQ|COMP|RWR|SEND|START|END];
+ RD_SEND_ONLY_WITH_IMMEDIATE = 0x45, "RD_SEND_ONLY_WITH_IMMEDIATE", [RDETH|DETH|IMMDT|PAYLOAD|REQ|COMP|RWR|SEND|START|END];
+ RD_RDMA_WRITE_FIRST = 0x46, "RD_RDMA_WRITE_FIRST", [RDETH|DETH|RETH|PAYLOAD|REQ|WRITE|START];
+ RD_RDMA_WRITE_MIDDLE = 0x47, "RD_RDMA_WRITE_MIDDLE", [RDETH|DETH|PAYLOAD|REQ|WRITE|MIDDLE];
+ RD_RDMA_WRITE_LAST = 0x48, "RD_RDMA_WRITE_LAST", [RDETH|DETH|PAYLOAD|REQ|WRITE|END];
+ RD_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x49, "RD_RDMA_WRITE_LAST_WITH_IMMEDIATE", [RDETH|DETH|IMMDT|PAYLOAD|REQ|WRITE|COMP|RWR|END];
+ RD_RDMA_WRITE_ONLY = 0x4a, "RD_RDMA_WRITE_ONLY", [RDETH|DETH|RETH|PAYLOAD|REQ|WRITE|START|END];
+ RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x4b, "RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE", [RDETH|DETH|RETH|IMMDT|PAYLOAD|REQ|WRITE|COMP|RWR|START|END];
+ RD_RDMA_READ_REQUEST = 0x4c, "RD_RDMA_READ_REQUEST", [RDETH|DETH|RETH|REQ|READ|START|END];
+ RD_RDMA_READ_RESPONSE_FIRST = 0x4d, "RD_RDMA_READ_RESPONSE_FIRST", [RDETH|AETH|PAYLOAD|ACK|READ|START];
+ RD_RDMA_READ_RESPONSE_MIDDLE = 0x4e, "RD_RDMA_READ_RESPONSE_MIDDLE", [RDETH|PAYLOAD|ACK|READ|MIDDLE];
+ RD_RDMA_READ_RESPONSE_LAST = 0x4f, "RD_RDMA_READ_RESPONSE_LAST", [RDETH|AETH|PAYLOAD|ACK|READ|END];
+ RD_RDMA_READ_RESPONSE_ONLY = 0x50, "RD_RDMA_READ_RESPONSE_ONLY", [RDETH|AETH|PAYLOAD|ACK|READ|START|END];
+ RD_ACKNOWLEDGE = 0x51, "RD_ACKNOWLEDGE", [RDETH|AETH|ACK|START|END];
+ RD_ATOMIC_ACKNOWLEDGE = 0x52, "RD_ATOMIC_ACKNOWLEDGE", [RDETH|AETH|ATMACK|ACK|START|END];
+ RD_COMPARE_SWAP = 0x53, "RD_COMPARE_SWAP", [RDETH|DETH|ATMETH|REQ|ATOMIC|START|END];
+ RD_FETCH_ADD = 0x54, "RD_FETCH_ADD", [RDETH|DETH|ATMETH|REQ|ATOMIC|START|END];
  UD_SEND_ONLY = 0x64, "UD_SEND_ONLY", [DETH|PAYLOAD|REQ|COMP|RWR|SEND|START|END];
  UD_SEND_ONLY_WITH_IMMEDIATE = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", [DETH|IMMDT|PAYLOAD|REQ|COMP|RWR|SEND|START|END];
 }
@@ -133,5 +154,70 @@ impl Opcode {
     }
     pub fn name(self) -> &'static str {
         self.info().map(|i| i.name).unwrap_or("UNKNOWN")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_consistent() {
+        let mut n = 0;
+        for v in 0..=255u8 {
+            let Some(i) = Opcode(v).info() else { continue };
+            n += 1;
+            let f = i.flags;
+            assert!(f.contains(OpFlags::REQ) != f.contains(OpFlags::ACK), "{}", i.name);
+            assert!(f.intersects(OpFlags::START | OpFlags::MIDDLE | OpFlags::END), "{}", i.name);
+            assert!(!(f.contains(OpFlags::MIDDLE) && f.intersects(OpFlags::START | OpFlags::END)));
+            // RD carries RDETH, UD carries DETH, RC/UC neither.
+            match Opcode(v).transport() {
+                Transport::Rd => assert!(f.contains(OpFlags::RDETH)),
+                Transport::Ud => assert!(f.contains(OpFlags::DETH) && !f.contains(OpFlags::RDETH)),
+                _ => assert!(!f.intersects(OpFlags::DETH | OpFlags::RDETH)),
+            }
+            let prefix = match Opcode(v).transport() {
+                Transport::Rc => "RC_",
+                Transport::Uc => "UC_",
+                Transport::Rd => "RD_",
+                Transport::Ud => "UD_",
+                _ => "?",
+            };
+            assert!(i.name.starts_with(prefix), "{}", i.name);
+        }
+        // Kernel rxe: 25 RC (with FLUSH and ATOMIC_WRITE), 12 UC, 21 RD, 2 UD.
+        assert_eq!(n, 60);
+    }
+
+    #[test]
+    fn header_lengths_match_kernel_rxe() {
+        // rxe_opcode.c .length values (BTH 12, RETH 16, AETH 4, ATMETH 28,
+        // ATMACK 8, DETH 8, RDETH 4, IMMDT 4, IETH 4, FETH 4).
+        for (op, len) in [
+            (Opcode::RC_SEND_ONLY, 12),
+            (Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, 32),
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, 16),
+            (Opcode::RC_ATOMIC_ACKNOWLEDGE, 24),
+            (Opcode::RC_COMPARE_SWAP, 40),
+            (Opcode::RC_SEND_ONLY_WITH_INVALIDATE, 16),
+            (Opcode::RC_FLUSH, 32),
+            (Opcode::RC_ATOMIC_WRITE, 28),
+            (Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, 24),
+            (Opcode::RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE, 44),
+            (Opcode::RD_ATOMIC_ACKNOWLEDGE, 28),
+        ] {
+            assert_eq!(op.info().unwrap().hdr_len, len, "{}", op.name());
+        }
+        let i = Opcode::RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE.info().unwrap();
+        assert_eq!(i.offset_of(OpFlags::RDETH), Some(12));
+        assert_eq!(i.offset_of(OpFlags::DETH), Some(16));
+        assert_eq!(i.offset_of(OpFlags::RETH), Some(24));
+        assert_eq!(i.offset_of(OpFlags::IMMDT), Some(40));
+        let f = Opcode::RC_FLUSH.info().unwrap();
+        assert_eq!(f.offset_of(OpFlags::FETH), Some(12));
+        assert_eq!(f.offset_of(OpFlags::RETH), Some(16));
+        assert!(Opcode(0x15).info().is_none());
+        assert!(Opcode(0x66).info().is_none());
     }
 }
