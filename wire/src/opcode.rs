@@ -168,8 +168,16 @@ mod tests {
             let Some(i) = Opcode(v).info() else { continue };
             n += 1;
             let f = i.flags;
-            assert!(f.contains(OpFlags::REQ) != f.contains(OpFlags::ACK), "{}", i.name);
-            assert!(f.intersects(OpFlags::START | OpFlags::MIDDLE | OpFlags::END), "{}", i.name);
+            assert!(
+                f.contains(OpFlags::REQ) != f.contains(OpFlags::ACK),
+                "{}",
+                i.name
+            );
+            assert!(
+                f.intersects(OpFlags::START | OpFlags::MIDDLE | OpFlags::END),
+                "{}",
+                i.name
+            );
             assert!(!(f.contains(OpFlags::MIDDLE) && f.intersects(OpFlags::START | OpFlags::END)));
             // RD carries RDETH, UD carries DETH, RC/UC neither.
             match Opcode(v).transport() {
