@@ -999,6 +999,12 @@ impl<M: Memory> Engine<M> {
         self.ctx.out.pop_front()
     }
 
+    /// The driver could not send a datagram (counted as `send_err`; the
+    /// transport recovers as from a loss).
+    pub fn note_send_error(&mut self) {
+        self.ctx.counters.send_err += 1;
+    }
+
     /// Number of datagrams waiting to be sent.
     pub fn pending_transmits(&self) -> usize {
         self.ctx.out.len()

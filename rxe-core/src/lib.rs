@@ -44,7 +44,9 @@ pub mod wr;
 
 pub use caps::{DeviceCaps, Mtu};
 pub use counters::Counters;
-pub use engine::{AhAttrs, Engine, EngineConfig, QpInitAttr, RxDatagram, SrqAttr, Transmit};
+pub use engine::{
+    gid_to_ip, ip_to_gid, AhAttrs, Engine, EngineConfig, QpInitAttr, RxDatagram, SrqAttr, Transmit,
+};
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, MwType};
 pub use qp_attr::{AhAttr, QpAttr, QpAttrMask, QpCap, QpState, QpType};

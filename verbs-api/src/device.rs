@@ -1,0 +1,332 @@
+//! The in-process device: one engine, a UDP socket on `<addr>:4791`, and a
+//! progress thread that feeds it packets and timers.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rxe_core::sim::Rng;
+use rxe_core::{Engine, EngineConfig, Instant, Mtu, RxDatagram, Transmit};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::hostmem::HostMemory;
+use crate::{Error, Result};
+
+/// Seeded fault injection on the device's transmit path, for tests that
+/// must survive a bad network.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultConfig {
+    pub seed: u64,
+    /// Probability a datagram is dropped.
+    pub loss: f64,
+    /// Probability a datagram is sent twice.
+    pub duplicate: f64,
+    /// Probability a datagram is held back and sent after the next one.
+    pub reorder: f64,
+}
+
+/// How to open a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The local address the device owns (UDP port 4791 on it).
+    pub addr: IpAddr,
+    /// Device name, as `ibv_get_device_name` reports it.
+    pub name: String,
+    /// MTU of the network device; the path MTU follows kernel rxe's rule
+    /// (the largest IB MTU <= netdev MTU - 80, at most 4096).
+    pub netdev_mtu: u32,
+    /// Fault injection (None: a faithful device).
+    pub fault: Option<FaultConfig>,
+}
+
+impl DeviceConfig {
+    /// A device on `addr` named `rxe0`; loopback addresses get the loopback
+    /// MTU (65536, so path MTU 4096), others 1500 (path MTU 1024).
+    pub fn new(addr: IpAddr) -> Self {
+        DeviceConfig {
+            addr,
+            name: "rxe0".into(),
+            netdev_mtu: if addr.is_loopback() { 65536 } else { 1500 },
+            fault: None,
+        }
+    }
+}
+
+struct Faults {
+    cfg: FaultConfig,
+    rng: Rng,
+    held: Option<Transmit>,
+}
+
+pub(crate) struct Inner {
+    pub engine: Mutex<Engine<HostMemory>>,
+    pub cfg: DeviceConfig,
+    pub mtu: Mtu,
+    socket: UdpSocket,
+    senders: Mutex<HashMap<u16, UdpSocket>>,
+    faults: Mutex<Option<Faults>>,
+    epoch: std::time::Instant,
+    stop: AtomicBool,
+    wake_tx: UnixDatagram,
+    wake_rx: UnixDatagram,
+}
+
+/// An open device. Cheap to clone; the progress thread stops when the last
+/// clone is dropped.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<Inner>,
+    _thread: Arc<ThreadGuard>,
+}
+
+struct ThreadGuard {
+    inner: Arc<Inner>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for ThreadGuard {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.wake();
+        if let Some(h) = self.handle.lock().ok().and_then(|mut h| h.take()) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn bind_udp(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // Large buffers: a burst of 128 unacknowledged 4 KiB packets per QP.
+    let _ = s.set_recv_buffer_size(8 << 20);
+    let _ = s.set_send_buffer_size(8 << 20);
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    } else {
+        // DF set, so Linux sends IP ID 0 on this unconnected socket: the ID
+        // our ICRC was computed over.
+        crate::sys::set_dont_fragment(s.as_raw_fd())?;
+    }
+    s.bind(&addr.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+impl Inner {
+    pub(crate) fn now(&self) -> Instant {
+        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn wake(&self) {
+        let _ = self.wake_tx.send(&[1]);
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Engine<HostMemory>> {
+        // A panic while holding the lock would be a bug in rxe-core; the
+        // engine state is still structurally valid, so keep going.
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Send what the engine has queued. Called with the engine locked so
+    /// that packets leave in the order the engine produced them.
+    pub(crate) fn flush(&self, eng: &mut Engine<HostMemory>) {
+        let mut any = false;
+        while let Some(t) = eng.poll_transmit() {
+            any = true;
+            let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+            match faults.as_mut() {
+                None => self.send(eng, t),
+                Some(f) => {
+                    if f.rng.chance(f.cfg.loss) {
+                        continue;
+                    }
+                    let dup = f.rng.chance(f.cfg.duplicate);
+                    if f.rng.chance(f.cfg.reorder) && f.held.is_none() {
+                        f.held = Some(t);
+                        continue;
+                    }
+                    let held = f.held.take();
+                    drop(faults);
+                    if dup {
+                        self.send(eng, t.clone());
+                    }
+                    self.send(eng, t);
+                    if let Some(h) = held {
+                        self.send(eng, h);
+                    }
+                }
+            }
+        }
+        if any {
+            // The progress thread may need an earlier timer now.
+            self.wake();
+        }
+    }
+
+    fn send(&self, eng: &mut Engine<HostMemory>, mut t: Transmit) {
+        let dst = SocketAddr::new(t.info.dst, t.info.dst_port);
+        let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
+        let port = t.info.src_port;
+        if let std::collections::hash_map::Entry::Vacant(v) = senders.entry(port) {
+            // Kernel rxe sends each QP's packets from its own UDP source
+            // port; bind one socket per port we use.
+            if let Ok(s) = bind_udp(SocketAddr::new(self.cfg.addr, port)) {
+                v.insert(s);
+            }
+        }
+        let sock = match senders.get(&port) {
+            Some(s) => s,
+            None => {
+                // The port is taken on this host: send from 4791 and
+                // recompute the ICRC, which covers the source port.
+                t.info.src_port = wire::ROCEV2_UDP_PORT;
+                wire::icrc::write(&t.info, &mut t.payload);
+                &self.socket
+            }
+        };
+        if sock.send_to(&t.payload, dst).is_err() {
+            // A full socket buffer or an unreachable peer is packet loss
+            // to the transport; retransmission recovers.
+            eng.note_send_error();
+        }
+    }
+
+    /// Read every datagram waiting on the socket into the engine.
+    fn receive(&self, buf: &mut [u8]) -> bool {
+        let mut got = false;
+        loop {
+            match self.socket.recv_from(buf) {
+                Ok((n, src)) => {
+                    got = true;
+                    let now = self.now();
+                    let mut e = self.lock();
+                    let dg = RxDatagram {
+                        src: src.ip(),
+                        dst: self.cfg.addr,
+                        src_port: src.port(),
+                        dst_port: wire::ROCEV2_UDP_PORT,
+                        ipv4_id: None,
+                        payload: &buf[..n],
+                    };
+                    e.handle_datagram(now, &dg);
+                    self.flush(&mut e);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return got,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // ICMP errors surface here on some paths; treat as loss.
+                Err(_) => return got,
+            }
+        }
+    }
+
+    fn progress_loop(self: Arc<Self>) {
+        let mut buf = vec![0u8; 65536];
+        let mut wbuf = [0u8; 64];
+        let fds = [self.socket.as_raw_fd(), self.wake_rx.as_raw_fd()];
+        while !self.stop.load(Ordering::SeqCst) {
+            self.receive(&mut buf);
+            while self.wake_rx.recv(&mut wbuf).is_ok() {}
+            let deadline = {
+                let now = self.now();
+                let mut e = self.lock();
+                if e.poll_timeout().is_some_and(|d| d <= now) {
+                    e.handle_timeout(now);
+                    self.flush(&mut e);
+                }
+                e.poll_timeout()
+            };
+            let wait = deadline.map(|d| d.saturating_duration_since(self.now()));
+            if wait != Some(Duration::ZERO) {
+                crate::sys::wait_readable(&fds, wait.map(|w| w.min(Duration::from_secs(1))));
+            }
+        }
+    }
+}
+
+impl Device {
+    /// Open a device on `cfg.addr`, owning UDP port 4791 there.
+    pub fn open(cfg: DeviceConfig) -> Result<Device> {
+        let mtu = Mtu::for_netdev_mtu(cfg.netdev_mtu).ok_or_else(|| {
+            Error::Config(format!(
+                "netdev MTU {} is too small for RoCEv2 (needs 336)",
+                cfg.netdev_mtu
+            ))
+        })?;
+        let socket = bind_udp(SocketAddr::new(cfg.addr, wire::ROCEV2_UDP_PORT)).map_err(|e| {
+            Error::Io(format!(
+                "cannot bind UDP {}:{}: {e} (is another RoCE device or rdma_rxe using it?)",
+                cfg.addr,
+                wire::ROCEV2_UDP_PORT
+            ))
+        })?;
+        let (wake_tx, wake_rx) = UnixDatagram::pair().map_err(|e| Error::Io(e.to_string()))?;
+        wake_rx
+            .set_nonblocking(true)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        wake_tx
+            .set_nonblocking(true)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        let mut ecfg = EngineConfig::new(cfg.addr);
+        ecfg.port_mtu = mtu;
+        ecfg.key_seed = std::process::id() as u64 ^ 0x5eed;
+        let faults = cfg.fault.map(|f| Faults {
+            cfg: f,
+            rng: Rng::new(f.seed),
+            held: None,
+        });
+        let inner = Arc::new(Inner {
+            engine: Mutex::new(Engine::new(ecfg, HostMemory)),
+            cfg,
+            mtu,
+            socket,
+            senders: Mutex::new(HashMap::new()),
+            faults: Mutex::new(faults),
+            epoch: std::time::Instant::now(),
+            stop: AtomicBool::new(false),
+            wake_tx,
+            wake_rx,
+        });
+        let worker = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("rxe-emu {}", inner.cfg.name))
+            .spawn(move || worker.progress_loop())
+            .map_err(|e| Error::Io(e.to_string()))?;
+        Ok(Device {
+            _thread: Arc::new(ThreadGuard {
+                inner: inner.clone(),
+                handle: Mutex::new(Some(handle)),
+            }),
+            inner,
+        })
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.inner.cfg.name
+    }
+
+    /// The address the device owns.
+    pub fn addr(&self) -> IpAddr {
+        self.inner.cfg.addr
+    }
+
+    /// Active path MTU of the port.
+    pub fn port_mtu(&self) -> Mtu {
+        self.inner.mtu
+    }
+
+    /// The port's GID for `addr` (IPv4-mapped for IPv4).
+    pub fn gid(&self) -> [u8; 16] {
+        rxe_core::ip_to_gid(self.inner.cfg.addr)
+    }
+
+    /// Protocol counters.
+    pub fn counters(&self) -> rxe_core::Counters {
+        self.inner.lock().counters().clone()
+    }
+}

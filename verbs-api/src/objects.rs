@@ -1,0 +1,320 @@
+//! PD, MR, CQ, QP, SRQ and AH: thin owners of engine objects that release
+//! them on drop.
+
+use std::marker::PhantomData;
+
+use rxe_core::{AhHandle, CqHandle, PdHandle, SrqHandle};
+
+use crate::device::Device;
+use crate::{
+    AccessFlags, AhAttr, AsyncEvent, Error, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
+    Result, SendWr, SrqAttr, WorkCompletion,
+};
+
+impl Device {
+    /// Allocate a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let h = self.inner.lock().alloc_pd()?;
+        Ok(ProtectionDomain {
+            dev: self.clone(),
+            h,
+        })
+    }
+
+    /// Create a completion queue with room for `cqe` completions.
+    pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
+        let h = self.inner.lock().create_cq(cqe)?;
+        Ok(CompletionQueue {
+            dev: self.clone(),
+            h,
+        })
+    }
+
+    /// The next asynchronous event, if any.
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.inner.lock().poll_event()
+    }
+}
+
+/// A protection domain.
+pub struct ProtectionDomain {
+    dev: Device,
+    h: PdHandle,
+}
+
+impl ProtectionDomain {
+    /// Register `buf` for RDMA. The buffer stays borrowed until the region is
+    /// dropped (deregistered), so it cannot be freed or touched behind the
+    /// device's back; use [`MemoryRegion::read`] and [`MemoryRegion::write`].
+    pub fn reg_mr<'a>(&self, buf: &'a mut [u8], access: AccessFlags) -> Result<MemoryRegion<'a>> {
+        let addr = buf.as_mut_ptr() as usize as u64;
+        let len = buf.len() as u64;
+        let mr = self.dev.inner.lock().reg_mr(self.h, addr, len, access)?;
+        Ok(MemoryRegion {
+            dev: self.dev.clone(),
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+            addr,
+            len,
+            _buf: PhantomData,
+        })
+    }
+
+    /// Create a queue pair; it starts in RESET.
+    pub fn create_qp(
+        &self,
+        qp_type: QpType,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: Option<&SharedReceiveQueue>,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<QueuePair> {
+        let qpn = self.dev.inner.lock().create_qp(rxe_core::QpInitAttr {
+            pd: self.h,
+            qp_type,
+            send_cq: send_cq.h,
+            recv_cq: recv_cq.h,
+            srq: srq.map(|s| s.h),
+            cap,
+            sq_sig_all,
+        })?;
+        Ok(QueuePair {
+            dev: self.dev.clone(),
+            qpn,
+        })
+    }
+
+    /// Create a shared receive queue.
+    pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
+        let h = self.dev.inner.lock().create_srq(self.h, attr)?;
+        Ok(SharedReceiveQueue {
+            dev: self.dev.clone(),
+            h,
+        })
+    }
+
+    /// Create an address handle for UD sends.
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
+        let h = self.dev.inner.lock().create_ah(self.h, attr)?;
+        Ok(AddressHandle {
+            dev: self.dev.clone(),
+            h,
+        })
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        let _ = self.dev.inner.lock().dealloc_pd(self.h);
+    }
+}
+
+/// A registered memory region borrowing its buffer for `'a`.
+pub struct MemoryRegion<'a> {
+    dev: Device,
+    lkey: u32,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    _buf: PhantomData<&'a mut [u8]>,
+}
+
+impl MemoryRegion<'_> {
+    /// Local key, for SGEs.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    /// Remote key, for peers.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    /// Start address (what peers put in RETH).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// An SGE for `len` bytes at `offset` of this region.
+    pub fn sge(&self, offset: u64, len: u32) -> rxe_core::Sge {
+        rxe_core::Sge {
+            addr: self.addr + offset,
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<()> {
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(Error::Config(format!(
+                "{len} bytes at offset {offset} exceed the {}-byte region",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copy bytes out of the region (serialised with the device's accesses).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len())?;
+        let e = self.dev.inner.lock();
+        rxe_core::mem::Memory::read(e.mem(), self.addr + offset, out)
+            .map_err(|f| Error::Io(f.to_string()))
+    }
+
+    /// Copy bytes into the region (serialised with the device's accesses).
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        let mut e = self.dev.inner.lock();
+        rxe_core::mem::Memory::write(e.mem_mut(), self.addr + offset, data)
+            .map_err(|f| Error::Io(f.to_string()))
+    }
+}
+
+impl Drop for MemoryRegion<'_> {
+    fn drop(&mut self) {
+        // Work still in flight that names this key fails its key check
+        // (LOC_PROT_ERR / REM_ACCESS_ERR); it never touches the buffer again.
+        let _ = self.dev.inner.lock().dereg_mr(self.lkey);
+    }
+}
+
+/// A completion queue.
+pub struct CompletionQueue {
+    dev: Device,
+    h: CqHandle,
+}
+
+impl CompletionQueue {
+    /// Take up to `max` completions.
+    pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        Ok(self.dev.inner.lock().poll_cq(self.h, max)?)
+    }
+
+    /// Poll until `n` completions arrived or `timeout` passed.
+    pub fn wait(&self, n: usize, timeout: std::time::Duration) -> Result<Vec<WorkCompletion>> {
+        let start = std::time::Instant::now();
+        let mut out = Vec::new();
+        while out.len() < n {
+            out.extend(self.poll(n - out.len())?);
+            if out.len() < n {
+                if start.elapsed() > timeout {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        let _ = self.dev.inner.lock().destroy_cq(self.h);
+    }
+}
+
+/// A queue pair.
+pub struct QueuePair {
+    dev: Device,
+    qpn: u32,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let now = self.dev.inner.now();
+        let mut e = self.dev.inner.lock();
+        e.modify_qp(now, self.qpn, attr, mask)?;
+        self.dev.inner.flush(&mut e);
+        Ok(())
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.dev
+            .inner
+            .lock()
+            .qp_state(self.qpn)
+            .unwrap_or(QpState::Err)
+    }
+
+    /// Why the QP is in the error state, in words.
+    pub fn error_reason(&self) -> Option<String> {
+        self.dev
+            .inner
+            .lock()
+            .qp_error_reason(self.qpn)
+            .map(str::to_string)
+    }
+
+    /// Post a send work request; its packets leave at once.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        let now = self.dev.inner.now();
+        let mut e = self.dev.inner.lock();
+        e.post_send(now, self.qpn, wr)?;
+        self.dev.inner.flush(&mut e);
+        Ok(())
+    }
+
+    /// Post a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        Ok(self.dev.inner.lock().post_recv(self.qpn, wr)?)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let _ = self.dev.inner.lock().destroy_qp(self.qpn);
+    }
+}
+
+/// A shared receive queue.
+pub struct SharedReceiveQueue {
+    dev: Device,
+    h: SrqHandle,
+}
+
+impl SharedReceiveQueue {
+    /// Post a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        Ok(self.dev.inner.lock().post_srq_recv(self.h, wr)?)
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        let _ = self.dev.inner.lock().destroy_srq(self.h);
+    }
+}
+
+/// An address handle.
+pub struct AddressHandle {
+    dev: Device,
+    h: AhHandle,
+}
+
+impl AddressHandle {
+    /// The engine handle, for [`crate::UdDest`].
+    pub fn handle(&self) -> AhHandle {
+        self.h
+    }
+}
+
+impl Drop for AddressHandle {
+    fn drop(&mut self) {
+        let _ = self.dev.inner.lock().destroy_ah(self.h);
+    }
+}
