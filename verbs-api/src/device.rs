@@ -64,8 +64,15 @@ struct Faults {
     held: Option<Transmit>,
 }
 
+/// Where a CQ's notifications go (its completion channel).
+pub(crate) struct ChannelTx {
+    pub tx: UnixDatagram,
+}
+
 pub(crate) struct Inner {
     pub engine: Mutex<Engine<HostMemory>>,
+    /// Completion channel of each CQ created with one.
+    pub channels: Mutex<HashMap<rxe_core::CqHandle, Arc<ChannelTx>>>,
     pub cfg: DeviceConfig,
     pub mtu: Mtu,
     socket: UdpSocket,
@@ -166,6 +173,19 @@ impl Inner {
             // The progress thread may need an earlier timer now.
             self.wake();
         }
+        // Armed CQs whose notification fired: one datagram on the channel
+        // carrying the CQ's handle (what ibv_get_cq_event returns).
+        while let Some(cq) = eng.poll_cq_notification() {
+            let ch = self
+                .channels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&cq)
+                .cloned();
+            if let Some(ch) = ch {
+                let _ = ch.tx.send(&cq.0.to_ne_bytes());
+            }
+        }
     }
 
     fn send(&self, eng: &mut Engine<HostMemory>, mut t: Transmit) {
@@ -240,9 +260,16 @@ impl Inner {
                 }
                 e.poll_timeout()
             };
-            let wait = deadline.map(|d| d.saturating_duration_since(self.now()));
-            if wait != Some(Duration::ZERO) {
-                crate::sys::wait_readable(&fds, wait.map(|w| w.min(Duration::from_secs(1))));
+            // Check `stop` only after draining the wake pipe: a wake sent
+            // after this check stays in the pipe and ends the wait below.
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let wait = deadline.map_or(Duration::from_secs(1), |d| {
+                d.saturating_duration_since(self.now())
+            });
+            if wait != Duration::ZERO {
+                crate::sys::wait_readable(&fds, Some(wait.min(Duration::from_secs(1))));
             }
         }
     }
@@ -281,6 +308,7 @@ impl Device {
         });
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg, HostMemory)),
+            channels: Mutex::new(HashMap::new()),
             cfg,
             mtu,
             socket,

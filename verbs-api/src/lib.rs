@@ -15,9 +15,9 @@
 //! assert_eq!(mr.len(), 4096);
 //! ```
 //!
-//! Status: the device, PD, MR, CQ (polling), QP, SRQ and AH work over real
-//! UDP. Completion channels with a pollable fd, async events to the
-//! application, and the query verbs come next (see the issue tracker).
+//! Status: the device, PD, MR, CQ (polling and completion channels with a
+//! pollable fd), QP, SRQ and AH work over real UDP. Async-event fds, the
+//! query verbs and the GID table come next (see the issue tracker).
 
 mod device;
 mod hostmem;

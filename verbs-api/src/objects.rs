@@ -30,6 +30,35 @@ impl Device {
         })
     }
 
+    /// Create a completion channel (`ibv_create_comp_channel`): a file
+    /// descriptor that becomes readable when an armed CQ attached to it
+    /// gets a completion.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        let (tx, rx) =
+            std::os::unix::net::UnixDatagram::pair().map_err(|e| Error::Io(e.to_string()))?;
+        tx.set_nonblocking(true)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        Ok(CompletionChannel {
+            tx: std::sync::Arc::new(crate::device::ChannelTx { tx }),
+            rx,
+        })
+    }
+
+    /// Create a CQ whose notifications go to `channel`.
+    pub fn create_cq_with_channel(
+        &self,
+        cqe: u32,
+        channel: &CompletionChannel,
+    ) -> Result<CompletionQueue> {
+        let cq = self.create_cq(cqe)?;
+        self.inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cq.h, channel.tx.clone());
+        Ok(cq)
+    }
+
     /// The next asynchronous event, if any.
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.inner.lock().poll_event()
@@ -186,6 +215,51 @@ impl Drop for MemoryRegion<'_> {
     }
 }
 
+/// Identifies a CQ in a completion-channel event (what `ibv_get_cq_event`
+/// hands back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
+
+/// A completion channel: a pollable file descriptor.
+pub struct CompletionChannel {
+    tx: std::sync::Arc<crate::device::ChannelTx>,
+    rx: std::os::unix::net::UnixDatagram,
+}
+
+impl std::os::fd::AsFd for CompletionChannel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.rx.as_fd()
+    }
+}
+
+impl CompletionChannel {
+    /// The file descriptor to give to poll/epoll; readable when an event
+    /// is waiting.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.rx)
+    }
+
+    /// Blocking (default) or non-blocking `get_cq_event`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        self.rx
+            .set_nonblocking(nonblocking)
+            .map_err(|e| Error::Io(e.to_string()))
+    }
+
+    /// Wait for the next event (`ibv_get_cq_event`). In non-blocking mode,
+    /// `Ok(None)` when none is waiting. Each event must be acknowledged
+    /// with [`CompletionQueue::ack_events`].
+    pub fn get_cq_event(&self) -> Result<Option<CqId>> {
+        let mut b = [0u8; 4];
+        match self.rx.recv(&mut b) {
+            Ok(4) => Ok(Some(CqId(u32::from_ne_bytes(b)))),
+            Ok(_) => Err(Error::Io("short completion-channel event".into())),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(Error::Io(e.to_string())),
+        }
+    }
+}
+
 /// A completion queue.
 pub struct CompletionQueue {
     dev: Device,
@@ -193,6 +267,30 @@ pub struct CompletionQueue {
 }
 
 impl CompletionQueue {
+    /// This CQ's identity in channel events.
+    pub fn id(&self) -> CqId {
+        CqId(self.h.0)
+    }
+
+    /// Arm the CQ for one notification (`ibv_req_notify_cq`): the next
+    /// completion (or, with `solicited_only`, the next solicited or error
+    /// completion) produces one event on its channel. As with verbs, poll
+    /// once more after arming: completions already queued do not fire.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        Ok(self
+            .dev
+            .inner
+            .lock()
+            .req_notify_cq(self.h, solicited_only)?)
+    }
+
+    /// Acknowledge `n` events of this CQ (`ibv_ack_cq_events`). Events are
+    /// plain datagrams here, so nothing is held; the call exists for
+    /// parity with verbs.
+    pub fn ack_events(&self, n: u32) {
+        let _ = n;
+    }
+
     /// Take up to `max` completions.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
         Ok(self.dev.inner.lock().poll_cq(self.h, max)?)
@@ -217,6 +315,12 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        self.dev
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.h);
         let _ = self.dev.inner.lock().destroy_cq(self.h);
     }
 }
@@ -271,7 +375,11 @@ impl QueuePair {
 
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        Ok(self.dev.inner.lock().post_recv(self.qpn, wr)?)
+        let mut e = self.dev.inner.lock();
+        e.post_recv(self.qpn, wr)?;
+        // In ERR the WR was flushed at once: deliver its notification.
+        self.dev.inner.flush(&mut e);
+        Ok(())
     }
 }
 

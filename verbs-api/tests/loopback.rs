@@ -373,3 +373,227 @@ fn write_stream_survives_loss_duplication_and_reordering() {
         "the fault injection never forced a retransmission: {c:?}"
     );
 }
+
+#[test]
+fn completion_channel_wakes_an_epoll_loop() {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+    use std::os::fd::AsFd;
+
+    let a = side("127.0.4.1", QpType::Rc, None);
+    let dev_b = Device::open(DeviceConfig::new("127.0.4.2".parse().unwrap())).unwrap();
+    let pd_b = dev_b.alloc_pd().unwrap();
+    let chan = dev_b.create_comp_channel().unwrap();
+    let cq_b = dev_b.create_cq_with_channel(64, &chan).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp_b = pd_b
+        .create_qp(QpType::Rc, &cq_b, &cq_b, None, cap, false)
+        .unwrap();
+    let b = Side {
+        dev: dev_b,
+        pd: pd_b,
+        cq: cq_b,
+        qp: qp_b,
+    };
+    connect(&a, &b, 1, 2, true);
+    connect(&b, &a, 2, 1, true);
+    let mut rbuf = vec![0u8; 64];
+    let rmr = b.pd.reg_mr(&mut rbuf, ALL).unwrap();
+    let mut sbuf = vec![7u8; 64];
+    let smr = a.pd.reg_mr(&mut sbuf, ALL).unwrap();
+
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap();
+    epoll
+        .add(chan.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 42))
+        .unwrap();
+    let mut events = [EpollEvent::empty(); 4];
+
+    for round in 0..3u64 {
+        b.cq.req_notify(false).unwrap();
+        assert!(b.cq.poll(1).unwrap().is_empty());
+        // Nothing yet: the fd is not readable.
+        assert_eq!(epoll.wait(&mut events, EpollTimeout::ZERO).unwrap(), 0);
+        b.qp.post_recv(RecvWr {
+            wr_id: round,
+            sg_list: vec![rmr.sge(0, 64)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(round, SendOp::Send, vec![smr.sge(0, 64)]))
+            .unwrap();
+        let n = epoll
+            .wait(
+                &mut events,
+                EpollTimeout::try_from(Duration::from_secs(10)).unwrap(),
+            )
+            .unwrap();
+        assert_eq!(
+            n, 1,
+            "the completion channel did not wake epoll in round {round}"
+        );
+        assert_eq!(events[0].data(), 42);
+        assert_eq!(chan.get_cq_event().unwrap(), Some(b.cq.id()));
+        b.cq.ack_events(1);
+        let wc = b.cq.poll(4).unwrap();
+        assert_eq!(
+            wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            vec![(round, WcStatus::Success)]
+        );
+    }
+    // Not re-armed: a further completion produces no event.
+    b.qp.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: vec![rmr.sge(0, 64)],
+    })
+    .unwrap();
+    a.qp.post_send(SendWr::new(9, SendOp::Send, vec![smr.sge(0, 64)]))
+        .unwrap();
+    assert_eq!(b.cq.wait(1, WAIT).unwrap().len(), 1);
+    chan.set_nonblocking(true).unwrap();
+    assert_eq!(chan.get_cq_event().unwrap(), None);
+}
+
+#[test]
+fn message_sizes_from_zero_to_16_mib() {
+    let (a, b) = pair("127.0.5.1", "127.0.5.2", QpType::Rc, None);
+    let mtu = a.dev.port_mtu().bytes() as usize;
+    assert_eq!(mtu, 4096, "loopback MTU 65536 gives path MTU 4096");
+    const BIG: usize = 16 << 20;
+    let mut src = pattern(BIG, 5);
+    let expect = src.clone();
+    let smr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; BIG];
+    let dmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    for (i, size) in [0usize, 1, mtu - 1, mtu, mtu + 1, BIG]
+        .into_iter()
+        .enumerate()
+    {
+        let i = i as u64;
+        // SEND into a receive, then WRITE and READ of the same size.
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![dmr.sge(0, size as u32)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(i, SendOp::Send, vec![smr.sge(0, size as u32)]))
+            .unwrap();
+        a.qp.post_send(SendWr::new(
+            100 + i,
+            SendOp::RdmaWrite {
+                remote_addr: dmr.addr(),
+                rkey: dmr.rkey(),
+            },
+            vec![smr.sge(0, size as u32)],
+        ))
+        .unwrap();
+        a.qp.post_send(SendWr::new(
+            200 + i,
+            SendOp::RdmaRead {
+                remote_addr: dmr.addr(),
+                rkey: dmr.rkey(),
+            },
+            vec![smr.sge(0, size as u32)],
+        ))
+        .unwrap();
+        let sc = a.cq.wait(3, Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            sc.iter()
+                .map(|w| (w.wr_id, w.status, w.byte_len as usize))
+                .collect::<Vec<_>>(),
+            vec![
+                (i, WcStatus::Success, size),
+                (100 + i, WcStatus::Success, size),
+                (200 + i, WcStatus::Success, size)
+            ],
+            "size {size}"
+        );
+        let rc = b.cq.wait(1, WAIT).unwrap();
+        assert_eq!(
+            (rc[0].wr_id, rc[0].status, rc[0].byte_len as usize),
+            (i, WcStatus::Success, size)
+        );
+        let mut got = vec![0u8; size];
+        dmr.read(0, &mut got).unwrap();
+        assert!(got == expect[..size], "size {size}: data differs");
+        let mut back = vec![0u8; size];
+        smr.read(0, &mut back).unwrap();
+        assert!(back == expect[..size], "size {size}: READ data differs");
+    }
+}
+
+#[test]
+fn a_thousand_qps_at_once() {
+    let da = Device::open(DeviceConfig::new("127.0.6.1".parse().unwrap())).unwrap();
+    let db = Device::open(DeviceConfig::new("127.0.6.2".parse().unwrap())).unwrap();
+    let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+    let (ca, cb) = (da.create_cq(8192).unwrap(), db.create_cq(8192).unwrap());
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let mut abuf = pattern(1000 * 64, 1);
+    let expect = abuf.clone();
+    let amr = pa.reg_mr(&mut abuf, ALL).unwrap();
+    let mut bbuf = vec![0u8; 1000 * 64];
+    let bmr = pb.reg_mr(&mut bbuf, ALL).unwrap();
+    let mut qps = Vec::new();
+    for i in 0..1000u32 {
+        let qa = pa
+            .create_qp(QpType::Rc, &ca, &ca, None, cap, false)
+            .unwrap();
+        let qb = pb
+            .create_qp(QpType::Rc, &cb, &cb, None, cap, false)
+            .unwrap();
+        let sa = Side {
+            dev: da.clone(),
+            pd: da.alloc_pd().unwrap(),
+            cq: da.create_cq(1).unwrap(),
+            qp: qa,
+        };
+        let sb = Side {
+            dev: db.clone(),
+            pd: db.alloc_pd().unwrap(),
+            cq: db.create_cq(1).unwrap(),
+            qp: qb,
+        };
+        connect(&sa, &sb, i * 1000, i * 7, true);
+        connect(&sb, &sa, i * 7, i * 1000, true);
+        qps.push((sa, sb));
+    }
+    for (i, (sa, sb)) in qps.iter().enumerate() {
+        let off = i as u64 * 64;
+        sb.qp
+            .post_recv(RecvWr {
+                wr_id: i as u64,
+                sg_list: vec![bmr.sge(off, 64)],
+            })
+            .unwrap();
+        sa.qp
+            .post_send(SendWr::new(i as u64, SendOp::Send, vec![amr.sge(off, 64)]))
+            .unwrap();
+    }
+    assert_eq!(
+        ca.wait(1000, Duration::from_secs(60))
+            .unwrap()
+            .iter()
+            .filter(|w| w.status == WcStatus::Success)
+            .count(),
+        1000
+    );
+    let rc = cb.wait(1000, Duration::from_secs(60)).unwrap();
+    assert_eq!(rc.len(), 1000);
+    let mut qpns: Vec<u32> = rc.iter().map(|w| w.qp_num).collect();
+    qpns.sort_unstable();
+    qpns.dedup();
+    assert_eq!(qpns.len(), 1000, "every QP received its message");
+    let mut got = vec![0u8; 1000 * 64];
+    bmr.read(0, &mut got).unwrap();
+    assert!(got == expect);
+}
