@@ -58,6 +58,10 @@ impl DeviceConfig {
     }
 }
 
+/// How long after an application's last `poll` the progress thread keeps
+/// off the socket.
+const APP_POLL_GRACE: Duration = Duration::from_micros(100);
+
 struct Faults {
     cfg: FaultConfig,
     rng: Rng,
@@ -80,6 +84,13 @@ pub(crate) struct Inner {
     faults: Mutex<Option<Faults>>,
     epoch: std::time::Instant,
     stop: AtomicBool,
+    /// When the progress thread will wake on its own (ns since `epoch`;
+    /// 0 while it is awake). A flush wakes it only for an earlier deadline.
+    sleeping_until: std::sync::atomic::AtomicU64,
+    /// When an application thread last polled a CQ (ns since `epoch`).
+    /// While one polls, it receives datagrams itself and the progress
+    /// thread leaves the socket alone instead of competing for a core.
+    pub(crate) last_app_poll: std::sync::atomic::AtomicU64,
     wake_tx: UnixDatagram,
     wake_rx: UnixDatagram,
 }
@@ -170,8 +181,13 @@ impl Inner {
             }
         }
         if any {
-            // The progress thread may need an earlier timer now.
-            self.wake();
+            // Wake the progress thread only if the engine now has a deadline
+            // before the one it sleeps towards (a wake costs a syscall and,
+            // on a small machine, a context switch).
+            let until = self.sleeping_until.load(Ordering::Acquire);
+            if until != 0 && eng.poll_timeout().is_some_and(|d| d.as_nanos() < until) {
+                self.wake();
+            }
         }
         // Armed CQs whose notification fired: one datagram on the channel
         // carrying the CQ's handle (what ibv_get_cq_event returns).
@@ -216,15 +232,16 @@ impl Inner {
         }
     }
 
-    /// Read every datagram waiting on the socket into the engine.
-    fn receive(&self, buf: &mut [u8]) -> bool {
-        let mut got = false;
+    /// Read every datagram waiting on the socket into the engine, and fire
+    /// due timers. The engine lock is held across `recv` so datagrams are
+    /// handled in the order the socket delivered them, whichever thread
+    /// (the progress thread or an application polling a CQ) gets there.
+    pub(crate) fn progress(&self, buf: &mut [u8]) {
+        let mut e = self.lock();
         loop {
             match self.socket.recv_from(buf) {
                 Ok((n, src)) => {
-                    got = true;
                     let now = self.now();
-                    let mut e = self.lock();
                     let dg = RxDatagram {
                         src: src.ip(),
                         dst: self.cfg.addr,
@@ -234,14 +251,21 @@ impl Inner {
                         payload: &buf[..n],
                     };
                     e.handle_datagram(now, &dg);
+                    // Send what it produced before reading more, so a burst
+                    // of requests cannot pile up responses in memory.
                     self.flush(&mut e);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return got,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // ICMP errors surface here on some paths; treat as loss.
-                Err(_) => return got,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock: nothing more. Other errors (ICMP reports on
+                // some paths) are loss to the transport.
+                Err(_) => break,
             }
         }
+        let now = self.now();
+        if e.poll_timeout().is_some_and(|d| d <= now) {
+            e.handle_timeout(now);
+        }
+        self.flush(&mut e);
     }
 
     fn progress_loop(self: Arc<Self>) {
@@ -249,28 +273,39 @@ impl Inner {
         let mut wbuf = [0u8; 64];
         let fds = [self.socket.as_raw_fd(), self.wake_rx.as_raw_fd()];
         while !self.stop.load(Ordering::SeqCst) {
-            self.receive(&mut buf);
             while self.wake_rx.recv(&mut wbuf).is_ok() {}
-            let deadline = {
-                let now = self.now();
-                let mut e = self.lock();
-                if e.poll_timeout().is_some_and(|d| d <= now) {
-                    e.handle_timeout(now);
-                    self.flush(&mut e);
-                }
-                e.poll_timeout()
-            };
+            self.progress(&mut buf);
+            let deadline = self.lock().poll_timeout();
             // Check `stop` only after draining the wake pipe: a wake sent
             // after this check stays in the pipe and ends the wait below.
             if self.stop.load(Ordering::SeqCst) {
                 break;
             }
-            let wait = deadline.map_or(Duration::from_secs(1), |d| {
-                d.saturating_duration_since(self.now())
-            });
-            if wait != Duration::ZERO {
-                crate::sys::wait_readable(&fds, Some(wait.min(Duration::from_secs(1))));
+            let now = self.now();
+            let wait = deadline
+                .map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now))
+                .min(Duration::from_secs(1));
+            if wait == Duration::ZERO {
+                continue;
             }
+            let polled = self.last_app_poll.load(Ordering::Relaxed);
+            let app_spinning =
+                now.as_nanos().saturating_sub(polled) < APP_POLL_GRACE.as_nanos() as u64;
+            // While an application spins on poll it reads the socket itself:
+            // watch only the wake pipe, and look again after the grace period.
+            let (watch, wait) = if app_spinning {
+                (&fds[1..], wait.min(APP_POLL_GRACE))
+            } else {
+                (&fds[..], wait)
+            };
+            self.sleeping_until
+                .store((now + wait).as_nanos().max(1), Ordering::Release);
+            // A deadline set after `deadline` was read but before
+            // `sleeping_until` was published did not wake us: look once more.
+            if self.lock().poll_timeout().is_none_or(|d| d >= now + wait) {
+                crate::sys::wait_readable(watch, Some(wait));
+            }
+            self.sleeping_until.store(0, Ordering::Release);
         }
     }
 }
@@ -316,6 +351,8 @@ impl Device {
             faults: Mutex::new(faults),
             epoch: std::time::Instant::now(),
             stop: AtomicBool::new(false),
+            sleeping_until: std::sync::atomic::AtomicU64::new(0),
+            last_app_poll: std::sync::atomic::AtomicU64::new(0),
             wake_tx,
             wake_rx,
         });

@@ -292,7 +292,22 @@ impl CompletionQueue {
     }
 
     /// Take up to `max` completions.
+    ///
+    /// Polling drives the device: when the CQ is empty, the calling thread
+    /// reads waiting datagrams and fires due timers itself, so a spinning
+    /// application gets its completions without waiting for the progress
+    /// thread to be scheduled.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        let first = self.dev.inner.lock().poll_cq(self.h, max)?;
+        if !first.is_empty() {
+            return Ok(first);
+        }
+        let inner = &self.dev.inner;
+        inner
+            .last_app_poll
+            .store(inner.now().as_nanos(), std::sync::atomic::Ordering::Relaxed);
+        let mut buf = [0u8; 4200];
+        inner.progress(&mut buf);
         Ok(self.dev.inner.lock().poll_cq(self.h, max)?)
     }
 

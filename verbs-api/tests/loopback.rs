@@ -597,3 +597,108 @@ fn a_thousand_qps_at_once() {
     bmr.read(0, &mut got).unwrap();
     assert!(got == expect);
 }
+
+#[test]
+fn retry_exceeded_when_the_peer_vanishes_with_nobody_polling() {
+    // The progress thread alone must fire the retransmission timer: nobody
+    // polls until the end. timeout 12 = 16.8 ms, retry_cnt 3: the error
+    // comes after 4 expiries (67 ms). The upper bound is 30x that, far below
+    // what a thread that sleeps through timers (1 s naps) would take.
+    let a = side("127.0.7.1", QpType::Rc, None);
+    let b = side("127.0.7.2", QpType::Rc, None);
+    connect(&a, &b, 1, 2, true);
+    let rts = QpAttr {
+        qp_state: Some(QpState::Rts),
+        timeout: 12,
+        retry_cnt: 3,
+        ..QpAttr::default()
+    };
+    // Re-enter RTS is not allowed to change timeout; set it on the way up
+    // instead by reconnecting from RESET.
+    a.qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Reset),
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    a.qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: 1,
+            qp_access_flags: ALL.bits(),
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let rtr = QpAttr {
+        qp_state: Some(QpState::Rtr),
+        path_mtu: Some(Mtu::M1024),
+        dest_qp_num: b.qp.qpn(),
+        rq_psn: 2,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+        ah_attr: AhAttr {
+            dgid: b.dev.gid(),
+            is_global: true,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    a.qp.modify(
+        &rtr,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    a.qp.modify(
+        &QpAttr {
+            sq_psn: 1,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..rts
+        },
+        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+    drop(b); // the peer vanishes: its device closes, nothing answers
+    let mut buf = vec![0u8; 64];
+    let mr = a.pd.reg_mr(&mut buf, ALL).unwrap();
+    let start = std::time::Instant::now();
+    a.qp.post_send(SendWr::new(1, SendOp::Send, vec![mr.sge(0, 64)]))
+        .unwrap();
+    a.qp.post_send(SendWr::new(2, SendOp::Send, vec![mr.sge(0, 64)]))
+        .unwrap();
+    // Do not poll (polling drives progress); wait for the error state.
+    while a.qp.state() != QpState::Err && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = start.elapsed();
+    let per = Duration::from_nanos(4096 << 12);
+    assert!(
+        took >= per * 4,
+        "gave up after {took:?}, before 4 timeouts of {per:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "timer expiries were missed: {took:?}"
+    );
+    let wc = a.cq.poll(4).unwrap();
+    assert_eq!(
+        wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert!(
+        a.qp.error_reason().unwrap().contains("retry_cnt = 3"),
+        "{:?}",
+        a.qp.error_reason()
+    );
+}
