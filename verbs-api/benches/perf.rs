@@ -142,6 +142,7 @@ fn connect(me: &End, peer: &End) {
         min_rnr_timer: 1,
         ah_attr: AhAttr {
             dgid: peer.dev.gid(),
+            sgid_index: me.dev.gid_index(),
             is_global: true,
             port_num: 1,
             ..Default::default()

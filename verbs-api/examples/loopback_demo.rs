@@ -72,6 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             min_rnr_timer: 12,
             ah_attr: AhAttr {
                 dgid: peer_gid,
+                sgid_index: a.gid_index(), // 1: the IPv4 GID, as on kernel rxe
                 is_global: true,
                 port_num: 1,
                 ..Default::default()

@@ -310,6 +310,44 @@ impl Inner {
     }
 }
 
+/// The GID table kernel rxe builds for a netdev with this address (Linux
+/// 6.1, RoCE v2 entries only): the IPv6 link-local address first, then the
+/// address itself (IPv4-mapped for IPv4). A device on an IPv6 link-local
+/// address has only that entry. Loopback and other addresses without a
+/// netdev link-local get one derived (EUI-64) from a locally administered
+/// MAC made from the address, so index 1 is the IPv4 GID as on kernel rxe
+/// (`ibv_rc_pingpong -g 1`, `perftest -x 1`). The link-local entry is listed
+/// but cannot carry traffic to an IPv4 peer.
+pub fn gid_table(addr: IpAddr) -> Vec<IpAddr> {
+    if let IpAddr::V6(v6) = addr {
+        if v6.segments()[0] & 0xffc0 == 0xfe80 {
+            return vec![addr];
+        }
+    }
+    let b = match addr {
+        IpAddr::V4(v) => {
+            let o = v.octets();
+            [0x02, 0x00, o[0], o[1], o[2], o[3]]
+        }
+        IpAddr::V6(v) => {
+            let o = v.octets();
+            [0x02, 0x00, o[12], o[13], o[14], o[15]]
+        }
+    };
+    // EUI-64: flip the universal/local bit, insert ff:fe.
+    let ll = std::net::Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        u16::from_be_bytes([b[0] ^ 0x02, b[1]]),
+        u16::from_be_bytes([b[2], 0xff]),
+        u16::from_be_bytes([0xfe, b[3]]),
+        u16::from_be_bytes([b[4], b[5]]),
+    );
+    vec![IpAddr::V6(ll), addr]
+}
+
 impl Device {
     /// Open a device on `cfg.addr`, owning UDP port 4791 there.
     pub fn open(cfg: DeviceConfig) -> Result<Device> {
@@ -334,6 +372,7 @@ impl Device {
             .set_nonblocking(true)
             .map_err(|e| Error::Io(e.to_string()))?;
         let mut ecfg = EngineConfig::new(cfg.addr);
+        ecfg.gids = gid_table(cfg.addr);
         ecfg.port_mtu = mtu;
         ecfg.key_seed = std::process::id() as u64 ^ 0x5eed;
         let faults = cfg.fault.map(|f| Faults {
@@ -385,9 +424,29 @@ impl Device {
         self.inner.mtu
     }
 
-    /// The port's GID for `addr` (IPv4-mapped for IPv4).
+    /// The GID of the device's address (IPv4-mapped for IPv4): what peers
+    /// put in their address vectors.
     pub fn gid(&self) -> [u8; 16] {
         rxe_core::ip_to_gid(self.inner.cfg.addr)
+    }
+
+    /// Index of [`Device::gid`] in the GID table (1 for an IPv4 address, as
+    /// on kernel rxe): the `sgid_index` to use in address vectors.
+    pub fn gid_index(&self) -> u8 {
+        (self.gid_table().len() - 1) as u8
+    }
+
+    /// The port's GID table, in kernel rxe's order (see [`gid_table`]).
+    pub fn gid_table(&self) -> Vec<[u8; 16]> {
+        gid_table(self.inner.cfg.addr)
+            .into_iter()
+            .map(rxe_core::ip_to_gid)
+            .collect()
+    }
+
+    /// Device limits (`ibv_query_device`): kernel rxe's values.
+    pub fn query_device(&self) -> rxe_core::DeviceCaps {
+        self.inner.lock().config().caps.clone()
     }
 
     /// Protocol counters.

@@ -16,15 +16,15 @@
 //! ```
 //!
 //! Status: the device, PD, MR, CQ (polling and completion channels with a
-//! pollable fd), QP, SRQ and AH work over real UDP. Async-event fds, the
-//! query verbs and the GID table come next (see the issue tracker).
+//! pollable fd), QP, SRQ and AH work over real UDP; the GID table follows
+//! kernel rxe. Async-event fds and the remaining query verbs come next.
 
 mod device;
 mod hostmem;
 mod objects;
 mod sys;
 
-pub use device::{Device, DeviceConfig, FaultConfig};
+pub use device::{gid_table, Device, DeviceConfig, FaultConfig};
 pub use hostmem::HostMemory;
 pub use objects::{
     AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, SharedReceiveQueue,

@@ -63,6 +63,7 @@ fn connect(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, rc: bool) {
         min_rnr_timer: 12,
         ah_attr: AhAttr {
             dgid: peer.dev.gid(),
+            sgid_index: me.dev.gid_index(),
             is_global: true,
             port_num: 1,
             hop_limit: 64,
@@ -292,6 +293,7 @@ fn ud_with_grh_and_srq_over_udp() {
     let ah =
         a.pd.create_ah(&AhAttr {
             dgid: dev_b.gid(),
+            sgid_index: a.dev.gid_index(),
             is_global: true,
             port_num: 1,
             ..AhAttr::default()
@@ -642,6 +644,7 @@ fn retry_exceeded_when_the_peer_vanishes_with_nobody_polling() {
         min_rnr_timer: 1,
         ah_attr: AhAttr {
             dgid: b.dev.gid(),
+            sgid_index: a.dev.gid_index(),
             is_global: true,
             port_num: 1,
             ..AhAttr::default()
@@ -701,4 +704,47 @@ fn retry_exceeded_when_the_peer_vanishes_with_nobody_polling() {
         "{:?}",
         a.qp.error_reason()
     );
+}
+
+#[test]
+fn gid_table_is_laid_out_like_kernel_rxe() {
+    let d = Device::open(DeviceConfig::new("127.0.8.1".parse().unwrap())).unwrap();
+    let t = d.gid_table();
+    assert_eq!(t.len(), 2);
+    assert_eq!(
+        &t[0][..8],
+        &[0xfe, 0x80, 0, 0, 0, 0, 0, 0],
+        "index 0: IPv6 link-local"
+    );
+    assert_eq!(
+        t[1],
+        "127.0.8.1"
+            .parse::<std::net::Ipv4Addr>()
+            .unwrap()
+            .to_ipv6_mapped()
+            .octets(),
+        "index 1: IPv4-mapped"
+    );
+    assert_eq!(d.gid_index(), 1);
+    assert_eq!(d.gid(), t[1]);
+    assert_eq!(d.port_mtu(), Mtu::M4096);
+    assert_eq!(d.query_device().vendor_id, 0xffffff);
+    // An address vector from the link-local GID to an IPv4 peer is refused
+    // with a message, not silently misrouted.
+    let pd = d.alloc_pd().unwrap();
+    let err = pd
+        .create_ah(&AhAttr {
+            dgid: t[1],
+            sgid_index: 0,
+            is_global: true,
+            port_num: 1,
+            ..AhAttr::default()
+        })
+        .err()
+        .expect("mixed IP versions must be refused");
+    assert!(err.to_string().contains("different IP versions"), "{err}");
+    // Kernel rxe's MTU rule for a 1500-byte netdev.
+    let mut cfg = DeviceConfig::new("127.0.8.2".parse().unwrap());
+    cfg.netdev_mtu = 1500;
+    assert_eq!(Device::open(cfg).unwrap().port_mtu(), Mtu::M1024);
 }
