@@ -1,4 +1,9 @@
-//! scratch wire (engine-facing subset)
+//! # wire: RoCEv2 on the wire
+//!
+//! Every RoCEv2 transport header as a zero-copy `Packet<T>` view with an
+//! owned `Repr` (parse/emit), the opcode table of kernel rxe as data, the
+//! ICRC, 24-bit PSN arithmetic, and pcap with Ethernet/IP/UDP framing. No
+//! I/O beyond writing a pcap, no state, no `unsafe`, no panic on any input.
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
@@ -14,6 +19,7 @@ pub mod pcap;
 pub mod psn;
 pub mod rdeth;
 pub mod reth;
+mod view;
 pub use opcode::{OpFlags, Opcode, OpcodeInfo, Transport};
 pub use packet::PacketRepr;
 pub use psn::Psn;

@@ -1,4 +1,7 @@
-use crate::aeth::{AethRepr, Syndrome};
+//! The whole RoCEv2 transport packet, in the header order of kernel rxe's
+//! opcode table.
+
+use crate::aeth::AethRepr;
 use crate::atomic::{AtomicAckRepr, AtomicEthRepr};
 use crate::bth::BthRepr;
 use crate::deth::DethRepr;
@@ -7,7 +10,11 @@ use crate::ieth::IethRepr;
 use crate::immdt::ImmDtRepr;
 use crate::rdeth::RdethRepr;
 use crate::reth::RethRepr;
+use crate::{aeth, atomic, bth, deth, feth, ieth, immdt, rdeth, reth};
 use crate::{Error, OpFlags, Result};
+
+/// A whole transport packet (the UDP payload: BTH, extension headers,
+/// payload, pad, ICRC), with the extension headers its opcode carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PacketRepr<'a> {
     pub bth: BthRepr,
@@ -22,15 +29,13 @@ pub struct PacketRepr<'a> {
     pub ieth: Option<IethRepr>,
     pub payload: &'a [u8],
 }
-fn u32b(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-fn u64b(b: &[u8]) -> u64 {
-    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
-}
 impl<'a> PacketRepr<'a> {
+    /// Parse a UDP payload that ends with the 4-byte ICRC: checks the
+    /// length against the opcode's headers, pad count and ICRC, that the
+    /// opcode is known, TVer is 0, and that only opcodes with a payload carry
+    /// one. Does not check the ICRC (see `icrc`). Never panics.
     pub fn parse(d: &'a [u8]) -> Result<PacketRepr<'a>> {
-        let bth = BthRepr::parse_bytes(d)?;
+        let bth = BthRepr::parse(&bth::Packet::new_checked(d)?)?;
         let info = bth
             .opcode
             .info()
@@ -39,65 +44,65 @@ impl<'a> PacketRepr<'a> {
             return Err(Error::Malformed);
         }
         let f = info.flags;
-        let end = d.len().checked_sub(4).ok_or(Error::Truncated)?;
+        let end = d
+            .len()
+            .checked_sub(crate::ICRC_LEN)
+            .ok_or(Error::Truncated)?;
         if end < info.hdr_len {
             return Err(Error::Truncated);
         }
-        let pad = bth.pad_count as usize;
+        let pad = usize::from(bth.pad_count);
         let plen = (end - info.hdr_len)
             .checked_sub(pad)
             .ok_or(Error::Malformed)?;
         if !f.contains(OpFlags::PAYLOAD) && (plen != 0 || pad != 0) {
             return Err(Error::Malformed);
         }
-        let at = |h: OpFlags| info.offset_of(h);
+        // Every offset below is inside d[..info.hdr_len], checked above.
+        let at = |h: OpFlags| info.offset_of(h).map(|o| &d[o..info.hdr_len]);
         Ok(PacketRepr {
             bth,
-            rdeth: at(OpFlags::RDETH).map(|o| RdethRepr {
-                een: u32b(&d[o..]) & 0xff_ffff,
-            }),
-            deth: at(OpFlags::DETH).map(|o| DethRepr {
-                qkey: u32b(&d[o..]),
-                src_qpn: u32b(&d[o + 4..]) & 0xff_ffff,
-            }),
-            reth: at(OpFlags::RETH).map(|o| RethRepr {
-                va: u64b(&d[o..]),
-                rkey: u32b(&d[o + 8..]),
-                dma_len: u32b(&d[o + 12..]),
-            }),
-            feth: at(OpFlags::FETH).map(|o| {
-                let v = u32b(&d[o..]);
-                FethRepr {
-                    selectivity: ((v >> 4) & 3) as u8,
-                    placement: (v & 0xf) as u8,
-                }
-            }),
-            atomic: at(OpFlags::ATMETH).map(|o| AtomicEthRepr {
-                va: u64b(&d[o..]),
-                rkey: u32b(&d[o + 8..]),
-                swap_add: u64b(&d[o + 12..]),
-                compare: u64b(&d[o + 20..]),
-            }),
-            aeth: at(OpFlags::AETH).map(|o| AethRepr {
-                syndrome: Syndrome::from_raw(d[o]),
-                msn: u32b(&d[o..]) & 0xff_ffff,
-            }),
-            atomic_ack: at(OpFlags::ATMACK).map(|o| AtomicAckRepr {
-                orig: u64b(&d[o..]),
-            }),
-            immdt: at(OpFlags::IMMDT).map(|o| ImmDtRepr { imm: u32b(&d[o..]) }),
-            ieth: at(OpFlags::IETH).map(|o| IethRepr {
-                rkey: u32b(&d[o..]),
-            }),
+            rdeth: at(OpFlags::RDETH)
+                .map(|b| RdethRepr::parse(&rdeth::Packet::new_checked(b)?))
+                .transpose()?,
+            deth: at(OpFlags::DETH)
+                .map(|b| DethRepr::parse(&deth::Packet::new_checked(b)?))
+                .transpose()?,
+            reth: at(OpFlags::RETH)
+                .map(|b| RethRepr::parse(&reth::Packet::new_checked(b)?))
+                .transpose()?,
+            feth: at(OpFlags::FETH)
+                .map(|b| FethRepr::parse(&feth::Packet::new_checked(b)?))
+                .transpose()?,
+            atomic: at(OpFlags::ATMETH)
+                .map(|b| AtomicEthRepr::parse(&atomic::Packet::new_checked(b)?))
+                .transpose()?,
+            aeth: at(OpFlags::AETH)
+                .map(|b| AethRepr::parse(&aeth::Packet::new_checked(b)?))
+                .transpose()?,
+            atomic_ack: at(OpFlags::ATMACK)
+                .map(|b| AtomicAckRepr::parse(&atomic::ack::Packet::new_checked(b)?))
+                .transpose()?,
+            immdt: at(OpFlags::IMMDT)
+                .map(|b| ImmDtRepr::parse(&immdt::Packet::new_checked(b)?))
+                .transpose()?,
+            ieth: at(OpFlags::IETH)
+                .map(|b| IethRepr::parse(&ieth::Packet::new_checked(b)?))
+                .transpose()?,
             payload: &d[info.hdr_len..info.hdr_len + plen],
         })
     }
+
     pub fn header_len(&self) -> usize {
         self.bth.opcode.info().map_or(12, |i| i.hdr_len)
     }
     pub fn buffer_len(&self) -> usize {
         self.header_len() + self.payload.len() + (4 - self.payload.len() % 4) % 4 + 4
     }
+    /// Emit headers, payload and zero pad into `b[..buffer_len()]`; the pad
+    /// count written is computed from the payload length. The ICRC bytes are
+    /// zeroed (see `icrc::write`). `Error::Malformed` if the extension
+    /// headers present do not match the opcode's table entry.
     pub fn emit(&self, b: &mut [u8]) -> Result<()> {
         let info = self
             .bth
@@ -109,7 +114,7 @@ impl<'a> PacketRepr<'a> {
             return Err(Error::Truncated);
         }
         let f = info.flags;
-        let pres = [
+        let present = [
             (OpFlags::RDETH, self.rdeth.is_some()),
             (OpFlags::DETH, self.deth.is_some()),
             (OpFlags::RETH, self.reth.is_some()),
@@ -120,62 +125,64 @@ impl<'a> PacketRepr<'a> {
             (OpFlags::IMMDT, self.immdt.is_some()),
             (OpFlags::IETH, self.ieth.is_some()),
         ];
-        if pres.iter().any(|(h, p)| f.contains(*h) != *p) {
+        if present.iter().any(|(h, p)| f.contains(*h) != *p)
+            || (!f.contains(OpFlags::PAYLOAD) && !self.payload.is_empty())
+        {
             return Err(Error::Malformed);
         }
         let mut bth = self.bth;
         bth.pad_count = ((4 - self.payload.len() % 4) % 4) as u8;
-        bth.emit_bytes(b);
-        let at = |h: OpFlags| info.offset_of(h).unwrap_or(0);
+        bth.emit(&mut bth::Packet::new_unchecked(&mut b[..bth::HEADER_LEN]));
+        let hdr = info.hdr_len;
+        // Offsets come from the table and lie inside b[..hdr] (n >= hdr).
+        let at = |h: OpFlags| info.offset_of(h).unwrap_or(hdr);
         if let Some(x) = self.rdeth {
-            b[at(OpFlags::RDETH)..][..4].copy_from_slice(&(x.een & 0xff_ffff).to_be_bytes());
+            x.emit(&mut rdeth::Packet::new_unchecked(
+                &mut b[at(OpFlags::RDETH)..hdr],
+            ));
         }
         if let Some(x) = self.deth {
-            let o = at(OpFlags::DETH);
-            b[o..o + 4].copy_from_slice(&x.qkey.to_be_bytes());
-            b[o + 4..o + 8].copy_from_slice(&(x.src_qpn & 0xff_ffff).to_be_bytes());
+            x.emit(&mut deth::Packet::new_unchecked(
+                &mut b[at(OpFlags::DETH)..hdr],
+            ));
         }
         if let Some(x) = self.reth {
-            let o = at(OpFlags::RETH);
-            b[o..o + 8].copy_from_slice(&x.va.to_be_bytes());
-            b[o + 8..o + 12].copy_from_slice(&x.rkey.to_be_bytes());
-            b[o + 12..o + 16].copy_from_slice(&x.dma_len.to_be_bytes());
+            x.emit(&mut reth::Packet::new_unchecked(
+                &mut b[at(OpFlags::RETH)..hdr],
+            ));
         }
         if let Some(x) = self.feth {
-            let o = at(OpFlags::FETH);
-            b[o..o + 4].copy_from_slice(
-                &((u32::from(x.selectivity & 3) << 4) | u32::from(x.placement & 0xf)).to_be_bytes(),
-            );
+            x.emit(&mut feth::Packet::new_unchecked(
+                &mut b[at(OpFlags::FETH)..hdr],
+            ));
         }
         if let Some(x) = self.atomic {
-            let o = at(OpFlags::ATMETH);
-            b[o..o + 8].copy_from_slice(&x.va.to_be_bytes());
-            b[o + 8..o + 12].copy_from_slice(&x.rkey.to_be_bytes());
-            b[o + 12..o + 20].copy_from_slice(&x.swap_add.to_be_bytes());
-            b[o + 20..o + 28].copy_from_slice(&x.compare.to_be_bytes());
+            x.emit(&mut atomic::Packet::new_unchecked(
+                &mut b[at(OpFlags::ATMETH)..hdr],
+            ));
         }
         if let Some(x) = self.aeth {
-            let o = at(OpFlags::AETH);
-            b[o..o + 4].copy_from_slice(&(x.msn & 0xff_ffff).to_be_bytes());
-            b[o] = x.syndrome.to_raw();
+            x.emit(&mut aeth::Packet::new_unchecked(
+                &mut b[at(OpFlags::AETH)..hdr],
+            ));
         }
         if let Some(x) = self.atomic_ack {
-            let o = at(OpFlags::ATMACK);
-            b[o..o + 8].copy_from_slice(&x.orig.to_be_bytes());
+            x.emit(&mut atomic::ack::Packet::new_unchecked(
+                &mut b[at(OpFlags::ATMACK)..hdr],
+            ));
         }
         if let Some(x) = self.immdt {
-            let o = at(OpFlags::IMMDT);
-            b[o..o + 4].copy_from_slice(&x.imm.to_be_bytes());
+            x.emit(&mut immdt::Packet::new_unchecked(
+                &mut b[at(OpFlags::IMMDT)..hdr],
+            ));
         }
         if let Some(x) = self.ieth {
-            let o = at(OpFlags::IETH);
-            b[o..o + 4].copy_from_slice(&x.rkey.to_be_bytes());
+            x.emit(&mut ieth::Packet::new_unchecked(
+                &mut b[at(OpFlags::IETH)..hdr],
+            ));
         }
-        let h = info.hdr_len;
-        b[h..h + self.payload.len()].copy_from_slice(self.payload);
-        for x in &mut b[h + self.payload.len()..n] {
-            *x = 0;
-        }
+        b[hdr..hdr + self.payload.len()].copy_from_slice(self.payload);
+        b[hdr + self.payload.len()..n].fill(0);
         Ok(())
     }
 }
