@@ -1,0 +1,190 @@
+//! What rdma-core's ibv_*_pingpong programs share: arguments, the 52-byte
+//! `LID:QPN:PSN:GID` message and its TCP exchange on port 18515.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::exit;
+use std::time::{Duration, Instant};
+
+/// `sizeof "0000:000000:000000:00000000000000000000000000000000"`.
+pub const MSG_LEN: usize = 52;
+
+/// One side's address, as exchanged.
+pub struct Dest {
+    pub lid: u16,
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+}
+
+/// Command line, as ibv_*_pingpong takes it, plus `--ip`.
+pub struct Args {
+    pub port: u16,
+    pub size: usize,
+    pub iters: u32,
+    pub rx_depth: u32,
+    pub mtu: u32,
+    pub gidx: Option<u8>,
+    pub ip: String,
+    pub server: Option<String>,
+}
+
+pub fn die(msg: impl std::fmt::Display) -> ! {
+    eprintln!("{msg}");
+    exit(1);
+}
+
+pub fn parse_args(default_size: usize) -> Args {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut a = Args {
+        port: 18515,
+        size: default_size,
+        iters: 1000,
+        rx_depth: 500,
+        mtu: 1024,
+        gidx: None,
+        ip: String::new(),
+        server: None,
+    };
+    let mut ip = None;
+    let mut i = 0;
+    while i < args.len() {
+        let opt = args[i].as_str();
+        let val = || {
+            args.get(i + 1)
+                .cloned()
+                .unwrap_or_else(|| die(format!("{opt} needs a value")))
+        };
+        let num = |v: String| -> u64 {
+            v.parse()
+                .unwrap_or_else(|_| die(format!("bad value {v} for {opt}")))
+        };
+        match opt {
+            "-p" | "--port" => a.port = num(val()) as u16,
+            "-s" | "--size" => a.size = num(val()) as usize,
+            "-n" | "--iters" => a.iters = num(val()) as u32,
+            "-r" | "--rx-depth" => a.rx_depth = num(val()) as u32,
+            "-m" | "--mtu" => a.mtu = num(val()) as u32,
+            "-g" | "--gid-idx" => a.gidx = Some(num(val()) as u8),
+            "--ip" => ip = Some(val()),
+            "-d" | "--ib-dev" | "-i" | "--ib-port" | "-l" | "--sl" => {}
+            s if !s.starts_with('-') => a.server = Some(s.to_string()),
+            s => die(format!("unknown option {s}")),
+        }
+        i += if opt.starts_with('-') { 2 } else { 1 };
+    }
+    a.ip = ip.unwrap_or_else(|| {
+        if a.server.is_some() {
+            "127.0.0.2".into()
+        } else {
+            "127.0.0.1".into()
+        }
+    });
+    a
+}
+
+pub fn to_msg(d: &Dest) -> [u8; MSG_LEN] {
+    let gid: String = d.gid.iter().map(|b| format!("{b:02x}")).collect();
+    let s = format!("{:04x}:{:06x}:{:06x}:{}", d.lid, d.qpn, d.psn, gid);
+    let mut m = [0u8; MSG_LEN];
+    m[..s.len()].copy_from_slice(s.as_bytes());
+    m
+}
+
+pub fn from_msg(m: &[u8]) -> Option<Dest> {
+    let s = std::str::from_utf8(m).ok()?.trim_end_matches('\0');
+    let mut it = s.split(':');
+    let lid = u16::from_str_radix(it.next()?, 16).ok()?;
+    let qpn = u32::from_str_radix(it.next()?, 16).ok()?;
+    let psn = u32::from_str_radix(it.next()?, 16).ok()?;
+    let g = it.next()?;
+    if g.len() != 32 {
+        return None;
+    }
+    let mut gid = [0u8; 16];
+    for (i, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(g.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(Dest { lid, qpn, psn, gid })
+}
+
+pub fn fmt_gid(g: &[u8; 16]) -> String {
+    std::net::Ipv6Addr::from(*g).to_string()
+}
+
+pub fn print_dest(which: &str, d: &Dest) {
+    println!(
+        "  {which} address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        d.lid,
+        d.qpn,
+        d.psn,
+        fmt_gid(&d.gid)
+    );
+}
+
+/// The exchange of ibv_*_pingpong: the client sends its address and reads
+/// the server's, then writes "done"; the server reads, calls `connect`,
+/// answers, and waits for "done". Returns the peer's address.
+pub fn exchange(a: &Args, my: &Dest, connect: impl FnOnce(&Dest)) -> Dest {
+    match &a.server {
+        Some(host) => {
+            let start = Instant::now();
+            let mut s = loop {
+                match TcpStream::connect((host.as_str(), a.port)) {
+                    Ok(s) => break s,
+                    Err(e) if start.elapsed() > Duration::from_secs(10) => {
+                        die(format!("Couldn't connect to {host}:{}: {e}", a.port))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            };
+            s.write_all(&to_msg(my)).unwrap_or_else(|e| die(e));
+            let mut m = [0u8; MSG_LEN];
+            s.read_exact(&mut m)
+                .unwrap_or_else(|e| die(format!("Couldn't read remote address: {e}")));
+            s.write_all(b"done\0").unwrap_or_else(|e| die(e));
+            let rem = from_msg(&m).unwrap_or_else(|| die("Couldn't parse remote address"));
+            connect(&rem);
+            rem
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", a.port))
+                .unwrap_or_else(|e| die(format!("Couldn't listen to port {}: {e}", a.port)));
+            let (mut s, _) = l.accept().unwrap_or_else(|e| die(e));
+            let mut m = [0u8; MSG_LEN];
+            s.read_exact(&mut m)
+                .unwrap_or_else(|e| die(format!("Couldn't read remote address: {e}")));
+            let rem = from_msg(&m).unwrap_or_else(|| die("Couldn't parse remote address"));
+            connect(&rem);
+            s.write_all(&to_msg(my)).unwrap_or_else(|e| die(e));
+            let mut done = [0u8; 5];
+            s.read_exact(&mut done)
+                .unwrap_or_else(|e| die(format!("Couldn't read \"done\": {e}")));
+            rem
+        }
+    }
+}
+
+/// A random 24-bit PSN, as lrand48() & 0xffffff.
+pub fn random_psn() -> u32 {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id());
+    (rxe_core::sim::Rng::new(seed).next_u64() & 0xff_ffff) as u32
+}
+
+pub fn report(size: usize, iters: u32, start: Instant) {
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = size as f64 * f64::from(iters) * 2.0;
+    println!(
+        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        bytes as u64,
+        secs,
+        bytes * 8.0 / secs / 1e6
+    );
+    println!(
+        "{iters} iters in {secs:.2} seconds = {:.2} usec/iter",
+        secs * 1e6 / f64::from(iters)
+    );
+}
