@@ -75,6 +75,11 @@ pub(crate) struct ChannelTx {
 
 pub(crate) struct Inner {
     pub engine: Mutex<Engine<HostMemory>>,
+    /// Asynchronous events not yet taken by the application, and the fd
+    /// pair that signals them (one byte per event).
+    pub events: Mutex<std::collections::VecDeque<rxe_core::AsyncEvent>>,
+    pub event_tx: UnixDatagram,
+    pub event_rx: UnixDatagram,
     /// Completion channel of each CQ created with one.
     pub channels: Mutex<HashMap<rxe_core::CqHandle, Arc<ChannelTx>>>,
     pub cfg: DeviceConfig,
@@ -188,6 +193,14 @@ impl Inner {
             if until != 0 && eng.poll_timeout().is_some_and(|d| d.as_nanos() < until) {
                 self.wake();
             }
+        }
+        // Asynchronous events: queue them and signal the event fd.
+        while let Some(ev) = eng.poll_event() {
+            self.events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(ev);
+            let _ = self.event_tx.send(&[1]);
         }
         // Armed CQs whose notification fired: one datagram on the channel
         // carrying the CQ's handle (what ibv_get_cq_event returns).
@@ -365,6 +378,10 @@ impl Device {
             ))
         })?;
         let (wake_tx, wake_rx) = UnixDatagram::pair().map_err(|e| Error::Io(e.to_string()))?;
+        let (event_tx, event_rx) = UnixDatagram::pair().map_err(|e| Error::Io(e.to_string()))?;
+        event_tx
+            .set_nonblocking(true)
+            .map_err(|e| Error::Io(e.to_string()))?;
         wake_rx
             .set_nonblocking(true)
             .map_err(|e| Error::Io(e.to_string()))?;
@@ -383,6 +400,9 @@ impl Device {
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg, HostMemory)),
             channels: Mutex::new(HashMap::new()),
+            events: Mutex::new(std::collections::VecDeque::new()),
+            event_tx,
+            event_rx,
             cfg,
             mtu,
             socket,

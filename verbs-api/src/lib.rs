@@ -17,7 +17,9 @@
 //!
 //! Status: the device, PD, MR, CQ (polling and completion channels with a
 //! pollable fd), QP, SRQ and AH work over real UDP; the GID table follows
-//! kernel rxe. Async-event fds and the remaining query verbs come next.
+//! kernel rxe; asynchronous events arrive on a pollable fd with the reason
+//! in words. Still to come: query_qp/query_srq/modify_srq wrappers, and
+//! latency (see the README's performance table).
 
 mod device;
 mod hostmem;

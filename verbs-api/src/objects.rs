@@ -59,9 +59,43 @@ impl Device {
         Ok(cq)
     }
 
-    /// The next asynchronous event, if any.
+    /// The next asynchronous event without waiting (`None` if there is
+    /// none). Events carry the reason in words.
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.inner.lock().poll_event()
+        let ev = self
+            .inner
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()?;
+        // Consume its signal byte (sent after the push; the fd is non-blocking).
+        let _ = self.inner.event_rx.recv(&mut [0u8; 1]);
+        Some(ev)
+    }
+
+    /// Wait for the next asynchronous event (`ibv_get_async_event`), at most
+    /// `timeout` (`None`: no limit).
+    pub fn get_async_event(&self, timeout: Option<std::time::Duration>) -> Option<AsyncEvent> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(ev) = self.poll_async_event() {
+                return Some(ev);
+            }
+            let left = match timeout {
+                Some(t) => t.checked_sub(start.elapsed())?,
+                None => std::time::Duration::from_secs(1),
+            };
+            crate::sys::wait_readable(
+                &[self.async_fd()],
+                Some(left.min(std::time::Duration::from_secs(1))),
+            );
+        }
+    }
+
+    /// The file descriptor that is readable while an asynchronous event is
+    /// waiting (the `async_fd` of `ibv_context`), for poll/epoll.
+    pub fn async_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.inner.event_rx)
     }
 }
 

@@ -748,3 +748,32 @@ fn gid_table_is_laid_out_like_kernel_rxe() {
     cfg.netdev_mtu = 1500;
     assert_eq!(Device::open(cfg).unwrap().port_mtu(), Mtu::M1024);
 }
+
+#[test]
+fn async_events_arrive_on_the_event_fd_with_a_reason() {
+    let (a, b) = pair("127.0.13.1", "127.0.13.2", QpType::Rc, None);
+    let mut buf = vec![1u8; 64];
+    let mr = a.pd.reg_mr(&mut buf, ALL).unwrap();
+    // A WRITE with a bad rkey: B's responder raises QP_ACCESS_ERR and goes to ERR.
+    a.qp.post_send(SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: 0x1000,
+            rkey: 0xdead_beef,
+        },
+        vec![mr.sge(0, 64)],
+    ))
+    .unwrap();
+    let wc = a.cq.wait(1, WAIT).unwrap();
+    assert_eq!(wc[0].status, WcStatus::RemAccessErr);
+    let fd = b.dev.async_fd();
+    assert!(fd >= 0);
+    let ev = b
+        .dev
+        .get_async_event(Some(Duration::from_secs(10)))
+        .expect("no async event");
+    assert_eq!(ev.kind, verbs_api::AsyncEventKind::QpAccessErr);
+    assert!(ev.reason.contains("RDMA WRITE"), "{}", ev.reason);
+    assert_eq!(b.qp.state(), QpState::Err);
+    assert!(b.dev.poll_async_event().is_none());
+}
