@@ -124,6 +124,10 @@ pub(crate) struct Ctx<M> {
 /// The transport engine of one device. See the crate documentation.
 pub struct Engine<M: Memory> {
     pub(crate) qps: HashMap<u32, Qp>,
+    /// Every QP's earliest deadline, ordered: `poll_timeout` and
+    /// `handle_timeout` cost O(log n), not a scan of all QPs. Updated at the
+    /// end of each entry point that can change a QP's deadlines.
+    timers: std::collections::BTreeSet<(Instant, u32)>,
     pub(crate) ctx: Ctx<M>,
     pds: HashMap<PdHandle, u32>,
     next_handle: u32,
@@ -189,6 +193,7 @@ impl<M: Memory> Engine<M> {
         let next_qpn = cfg.qpn_range.0;
         Engine {
             qps: HashMap::new(),
+            timers: std::collections::BTreeSet::new(),
             ctx: Ctx {
                 mem,
                 keys: KeyTable::new(seed),
@@ -760,6 +765,9 @@ impl<M: Memory> Engine<M> {
             .qps
             .remove(&qpn)
             .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        if let Some(t) = qp.timer_key {
+            self.timers.remove(&(t, qpn));
+        }
         for cq in [qp.send_cq, qp.recv_cq] {
             if let Some(c) = self.ctx.cqs.get_mut(&cq) {
                 c.users = c.users.saturating_sub(1);
@@ -823,6 +831,18 @@ impl<M: Memory> Engine<M> {
     /// IBTA (see [`qp_attr::validate_transition`]); a refusal names the
     /// missing or forbidden attribute.
     pub fn modify_qp(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<()> {
+        let r = self.modify_qp_inner(now, qpn, attr, mask);
+        self.reindex(qpn);
+        r
+    }
+
+    fn modify_qp_inner(
         &mut self,
         now: Instant,
         qpn: u32,
@@ -932,6 +952,12 @@ impl<M: Memory> Engine<M> {
 
     /// Post a send work request.
     pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
+        let r = self.post_send_inner(now, qpn, wr);
+        self.reindex(qpn);
+        r
+    }
+
+    fn post_send_inner(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
         let qp = self
             .qps
             .get_mut(&qpn)
@@ -991,7 +1017,9 @@ impl<M: Memory> Engine<M> {
 
     /// Feed one received datagram.
     pub fn handle_datagram(&mut self, now: Instant, dg: &RxDatagram<'_>) {
-        crate::recv::handle(self, now, dg);
+        if let Some(qpn) = crate::recv::handle(self, now, dg) {
+            self.reindex(qpn);
+        }
     }
 
     /// The next datagram to send.
@@ -1012,29 +1040,62 @@ impl<M: Memory> Engine<M> {
 
     /// The earliest deadline at which `handle_timeout` must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps
-            .values()
-            .flat_map(|q| [q.retrans_deadline, q.rnr_deadline])
-            .flatten()
-            .min()
+        self.timers.first().map(|(t, _)| *t)
     }
 
     /// Fire every deadline at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let due: Vec<u32> = self
-            .qps
-            .iter()
-            .filter(|(_, q)| {
-                q.retrans_deadline.is_some_and(|d| d <= now)
-                    || q.rnr_deadline.is_some_and(|d| d <= now)
-            })
-            .map(|(n, _)| *n)
+            .timers
+            .range(..=(now, u32::MAX))
+            .map(|(_, q)| *q)
             .collect();
         for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 crate::comp::on_timeout(qp, &mut self.ctx, now);
             }
+            self.reindex(qpn);
         }
+    }
+
+    /// Bring QP `qpn`'s entry of the timer index up to date.
+    fn reindex(&mut self, qpn: u32) {
+        let new = self.qps.get(&qpn).and_then(|q| {
+            [q.retrans_deadline, q.rnr_deadline]
+                .into_iter()
+                .flatten()
+                .min()
+        });
+        let old = self.qps.get(&qpn).and_then(|q| q.timer_key);
+        if old == new {
+            return;
+        }
+        if let Some(t) = old {
+            self.timers.remove(&(t, qpn));
+        }
+        if let Some(t) = new {
+            self.timers.insert((t, qpn));
+        }
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.timer_key = new;
+        }
+    }
+
+    /// Whether the timer index agrees with every QP's deadlines (a check
+    /// for tests and simulators; O(number of QPs)).
+    pub fn timer_index_consistent(&self) -> bool {
+        let want: std::collections::BTreeSet<(Instant, u32)> = self
+            .qps
+            .iter()
+            .filter_map(|(n, q)| {
+                [q.retrans_deadline, q.rnr_deadline]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map(|t| (t, *n))
+            })
+            .collect();
+        want == self.timers
     }
 }
 

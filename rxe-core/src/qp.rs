@@ -171,6 +171,9 @@ pub(crate) struct Qp {
     pub started_retry: bool,
     pub retrans_deadline: Option<Instant>,
     pub rnr_deadline: Option<Instant>,
+    /// This QP's key in the engine's timer index (its earliest deadline
+    /// when last indexed).
+    pub timer_key: Option<Instant>,
     /// RTS->SQD requested: finish the message in progress, start no new WQE.
     pub sq_draining: bool,
 
@@ -271,6 +274,7 @@ impl Qp {
             started_retry: false,
             retrans_deadline: None,
             rnr_deadline: None,
+            timer_key: None,
             sq_draining: false,
             rq: VecDeque::new(),
             resp_psn: Psn::new(0),

@@ -12,7 +12,12 @@ use crate::time::Instant;
 /// The multicast QPN (IBTA 9.2): not supported yet, dropped and counted.
 const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
-pub(crate) fn handle<M: Memory>(eng: &mut Engine<M>, now: Instant, dg: &RxDatagram<'_>) {
+/// Returns the QPN of the QP the packet was handed to, if any.
+pub(crate) fn handle<M: Memory>(
+    eng: &mut Engine<M>,
+    now: Instant,
+    dg: &RxDatagram<'_>,
+) -> Option<u32> {
     let ctx = &mut eng.ctx;
     // ICRC first (kernel rxe_icrc_check), over the headers as sent.
     let icrc_ok = match (dg.ipv4_id, dg.src) {
@@ -24,13 +29,13 @@ pub(crate) fn handle<M: Memory>(eng: &mut Engine<M>, now: Instant, dg: &RxDatagr
     };
     if !icrc_ok {
         ctx.counters.rcvd_icrc_err += 1;
-        return;
+        return None;
     }
     let pkt = match PacketRepr::parse(dg.payload) {
         Ok(p) => p,
         Err(_) => {
             ctx.counters.rcvd_malformed += 1;
-            return;
+            return None;
         }
     };
     ctx.counters.rcvd_pkts += 1;
@@ -39,16 +44,16 @@ pub(crate) fn handle<M: Memory>(eng: &mut Engine<M>, now: Instant, dg: &RxDatagr
     // membership of it (kernel pkey_match_default).
     if bth.pkey & 0x7fff != 0x7fff {
         ctx.counters.rcvd_bad_path += 1;
-        return;
+        return None;
     }
     let qpn = bth.dest_qpn;
     if qpn == MULTICAST_QPN || qpn == 0 {
         ctx.counters.rcvd_bad_qp += 1;
-        return;
+        return None;
     }
     let Some(qp) = eng.qps.get_mut(&qpn) else {
         ctx.counters.rcvd_bad_qp += 1;
-        return;
+        return None;
     };
     let transport_ok = matches!(
         (bth.opcode.transport(), qp.qp_type),
@@ -56,7 +61,7 @@ pub(crate) fn handle<M: Memory>(eng: &mut Engine<M>, now: Instant, dg: &RxDatagr
     );
     if !transport_ok || !qp.can_receive() {
         ctx.counters.rcvd_bad_qp += 1;
-        return;
+        return None;
     }
     // Connected QPs accept packets only from their peer (kernel check_addr).
     if qp.qp_type != QpType::Ud {
@@ -64,7 +69,7 @@ pub(crate) fn handle<M: Memory>(eng: &mut Engine<M>, now: Instant, dg: &RxDatagr
             Some((local, remote)) if remote == dg.src && local == dg.dst => {}
             _ => {
                 ctx.counters.rcvd_bad_path += 1;
-                return;
+                return None;
             }
         }
     }
@@ -79,6 +84,7 @@ pub(crate) fn handle<M: Memory>(eng: &mut Engine<M>, now: Instant, dg: &RxDatagr
     } else {
         ctx.counters.rcvd_bad_qp += 1;
     }
+    Some(qpn)
 }
 
 fn info(dg: &RxDatagram<'_>, id: u16) -> wire::icrc::IpUdpInfo {

@@ -238,8 +238,13 @@ impl Network {
     }
 
     /// Advance to the next event (a delivery or a timer) and process it.
-    /// Returns false when nothing is left to happen.
+    /// Returns false when nothing is left to happen. Each step also checks
+    /// that every engine's timer index agrees with its QPs' deadlines.
     pub fn step(&mut self) -> bool {
+        assert!(
+            self.nodes.iter().all(|n| n.timer_index_consistent()),
+            "an engine's timer index disagrees with its QPs' deadlines"
+        );
         self.flush_transmits();
         let next_pkt = self.queue.peek().map(|Reverse(p)| p.at);
         let next_timer = self
