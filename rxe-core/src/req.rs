@@ -408,7 +408,7 @@ pub(crate) fn complete_from_head<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     while let Some(w) = qp.sq.front() {
         match w.state {
             WqeState::Done => {
-                let w = qp.sq.pop_front().expect("front exists");
+                let Some(w) = qp.sq.pop_front() else { break };
                 qp.req_idx = qp.req_idx.saturating_sub(1);
                 if w.signaled {
                     let mut wc = WorkCompletion::new(
@@ -422,7 +422,7 @@ pub(crate) fn complete_from_head<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
                 }
             }
             WqeState::Error => {
-                let w = qp.sq.pop_front().expect("front exists");
+                let Some(w) = qp.sq.pop_front() else { break };
                 qp.req_idx = qp.req_idx.saturating_sub(1);
                 // IBTA 10.7.3.1: an error completion is generated even for an
                 // unsignalled WR.
