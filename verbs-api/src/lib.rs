@@ -18,8 +18,8 @@
 //! Status: the device, PD, MR, CQ (polling and completion channels with a
 //! pollable fd), QP, SRQ and AH work over real UDP; the GID table follows
 //! kernel rxe; asynchronous events arrive on a pollable fd with the reason
-//! in words. Still to come: query_qp/query_srq/modify_srq wrappers, and
-//! latency (see the README's performance table).
+//! in words. Still to come: latency (see the README's performance table)
+//! and paced READ responses.
 
 mod device;
 mod hostmem;

@@ -395,6 +395,12 @@ impl QueuePair {
         Ok(())
     }
 
+    /// `ibv_query_qp`: current attributes and the creation capabilities.
+    pub fn query(&self) -> Result<(QpAttr, QpCap)> {
+        let (attr, init) = self.dev.inner.lock().query_qp(self.qpn)?;
+        Ok((attr, init.cap))
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         self.dev
@@ -445,6 +451,17 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
+    /// Arm the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): when
+    /// fewer than `limit` WQEs remain, SRQ_LIMIT_REACHED is raised once.
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        Ok(self.dev.inner.lock().modify_srq_limit(self.h, limit)?)
+    }
+
+    /// `ibv_query_srq`: the attributes and the number of WQEs queued.
+    pub fn query(&self) -> Result<(SrqAttr, usize)> {
+        Ok(self.dev.inner.lock().query_srq(self.h)?)
+    }
+
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         Ok(self.dev.inner.lock().post_srq_recv(self.h, wr)?)

@@ -777,3 +777,34 @@ fn async_events_arrive_on_the_event_fd_with_a_reason() {
     assert_eq!(b.qp.state(), QpState::Err);
     assert!(b.dev.poll_async_event().is_none());
 }
+
+#[test]
+fn query_qp_and_srq_attributes() {
+    let (a, b) = pair("127.0.14.1", "127.0.14.2", QpType::Rc, None);
+    let (attr, cap) = a.qp.query().unwrap();
+    assert_eq!(attr.qp_state, Some(QpState::Rts));
+    assert_eq!(attr.dest_qp_num, b.qp.qpn());
+    assert_eq!(attr.path_mtu, Some(Mtu::M4096));
+    assert_eq!((attr.timeout, attr.retry_cnt, attr.rnr_retry), (10, 7, 7));
+    assert_eq!(cap.max_send_wr, 512);
+    let srq =
+        b.pd.create_srq(SrqAttr {
+            max_wr: 8,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let mut buf = vec![0u8; 64];
+    let mr = b.pd.reg_mr(&mut buf, ALL).unwrap();
+    for i in 0..4 {
+        srq.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![mr.sge(0, 64)],
+        })
+        .unwrap();
+    }
+    assert_eq!(srq.query().unwrap().1, 4);
+    assert!(srq.set_limit(9).is_err(), "a limit above max_wr is refused");
+    srq.set_limit(4).unwrap();
+    assert_eq!(srq.query().unwrap().0.srq_limit, 4);
+}
