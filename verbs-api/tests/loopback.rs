@@ -808,3 +808,117 @@ fn query_qp_and_srq_attributes() {
     srq.set_limit(4).unwrap();
     assert_eq!(srq.query().unwrap().0.srq_limit, 4);
 }
+
+#[test]
+fn ipv6_device_rc_and_ud_through_itself() {
+    // Two QPs of one device on ::1 talk to each other over UDP/4791.
+    let dev = Device::open(DeviceConfig::new("::1".parse().unwrap())).unwrap();
+    assert_eq!(dev.gid(), std::net::Ipv6Addr::LOCALHOST.octets());
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let mk = |ty| Side {
+        dev: dev.clone(),
+        pd: dev.alloc_pd().unwrap(),
+        cq: dev.create_cq(64).unwrap(),
+        qp: pd.create_qp(ty, &cq, &cq, None, cap, false).unwrap(),
+    };
+    let (a, b) = (mk(QpType::Rc), mk(QpType::Rc));
+    connect(&a, &b, 5, 6, true);
+    connect(&b, &a, 6, 5, true);
+    let mut src = pattern(10_000, 3);
+    let expect = src.clone();
+    let smr = pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 10_000];
+    let dmr = pd.reg_mr(&mut dst, ALL).unwrap();
+    a.qp.post_send(SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: dmr.addr(),
+            rkey: dmr.rkey(),
+        },
+        vec![smr.sge(0, 10_000)],
+    ))
+    .unwrap();
+    let wc = cq.wait(1, WAIT).unwrap();
+    assert_eq!(
+        wc.first().map(|w| w.status),
+        Some(WcStatus::Success),
+        "{:?}",
+        dev.counters()
+    );
+    let mut got = vec![0u8; 10_000];
+    dmr.read(0, &mut got).unwrap();
+    assert!(got == expect);
+    // UD over IPv6: the 40-byte GRH is the IPv6 header.
+    let ua = pd
+        .create_qp(QpType::Ud, &cq, &cq, None, cap, false)
+        .unwrap();
+    let ub = pd
+        .create_qp(QpType::Ud, &cq, &cq, None, cap, false)
+        .unwrap();
+    for qp in [&ua, &ub] {
+        qp.modify(
+            &QpAttr {
+                qp_state: Some(QpState::Init),
+                port_num: 1,
+                qkey: 9,
+                ..QpAttr::default()
+            },
+            M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr {
+                qp_state: Some(QpState::Rtr),
+                ..QpAttr::default()
+            },
+            M::STATE,
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr {
+                qp_state: Some(QpState::Rts),
+                sq_psn: 1,
+                ..QpAttr::default()
+            },
+            M::STATE | M::SQ_PSN,
+        )
+        .unwrap();
+    }
+    ub.post_recv(RecvWr {
+        wr_id: 7,
+        sg_list: vec![dmr.sge(0, 1040)],
+    })
+    .unwrap();
+    let ah = pd
+        .create_ah(&AhAttr {
+            dgid: dev.gid(),
+            sgid_index: dev.gid_index(),
+            is_global: true,
+            port_num: 1,
+            ..AhAttr::default()
+        })
+        .unwrap();
+    let mut wr = SendWr::new(2, SendOp::Send, vec![smr.sge(0, 1000)]);
+    wr.ud = Some(UdDest {
+        ah: ah.handle(),
+        remote_qpn: ub.qpn(),
+        remote_qkey: 9,
+    });
+    ua.post_send(wr).unwrap();
+    let wcs = cq.wait(2, WAIT).unwrap();
+    let recv = wcs.iter().find(|w| w.wr_id == 7).expect("UD receive");
+    assert_eq!((recv.status, recv.byte_len), (WcStatus::Success, 1040));
+    let mut grh = [0u8; 40];
+    dmr.read(0, &mut grh).unwrap();
+    assert_eq!(grh[0] >> 4, 6, "IPv6 header in the GRH");
+    assert_eq!(&grh[8..24], &std::net::Ipv6Addr::LOCALHOST.octets());
+    assert_eq!(dev.counters().rcvd_icrc_err, 0);
+}
