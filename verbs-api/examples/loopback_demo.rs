@@ -143,9 +143,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             vec![smr.sge(off, chunk as u32)],
         ))?;
     }
-    // READ back in 1 MiB pieces. One huge READ works too, but its responses
-    // leave in one unpaced burst that overflows the receiver's UDP buffer and
-    // is recovered only by retries (see the README).
+    // READ back in 1 MiB pieces. One huge READ works too, but with the short
+    // ACK timeout used here (10) it is retried while the responder is still
+    // building its responses (see the README).
     for i in 0..writes {
         let off = (i * chunk) as u64;
         let read = SendOp::RdmaRead {

@@ -922,3 +922,31 @@ fn ipv6_device_rc_and_ud_through_itself() {
     assert_eq!(&grh[8..24], &std::net::Ipv6Addr::LOCALHOST.octets());
     assert_eq!(dev.counters().rcvd_icrc_err, 0);
 }
+
+#[test]
+fn one_large_read() {
+    // A single 32 MiB READ (8192 responses). With the ACK timeout of these
+    // tests (10, 4.2 ms) the requester retries while the responder is still
+    // building the responses, and the responder replays: it must still
+    // complete byte-exact (see the README's known limitation).
+    let (a, b) = pair("127.0.15.1", "127.0.15.2", QpType::Rc, None);
+    const LEN: usize = 32 << 20;
+    let mut src = pattern(LEN, 4);
+    let expect = src.clone();
+    let smr = b.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; LEN];
+    let dmr = a.pd.reg_mr(&mut dst, ALL).unwrap();
+    a.qp.post_send(SendWr::new(
+        1,
+        SendOp::RdmaRead {
+            remote_addr: smr.addr(),
+            rkey: smr.rkey(),
+        },
+        vec![dmr.sge(0, LEN as u32)],
+    ))
+    .unwrap();
+    let wc = a.cq.wait(1, Duration::from_secs(120)).unwrap();
+    assert_eq!(wc.first().map(|w| w.status), Some(WcStatus::Success));
+    drop(dmr);
+    assert!(dst == expect);
+}
