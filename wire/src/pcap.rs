@@ -1,5 +1,16 @@
-//! Classic pcap files (linktype Ethernet): a writer for traces of our
-//! traffic, and a reader for captures such as the kernel-rxe references.
+//! Classic pcap files with Ethernet frames (linktype 1): a writer for
+//! traces of our own traffic, and a reader for captures such as the kernel
+//! rxe references (`dumpcap -P`).
+//!
+//! Format (the libpcap "classic" format, as in the pcap man page / IETF
+//! draft-ietf-opsawg-pcap): a 24-byte global header (magic, version 2.4,
+//! snaplen, linktype), then records of a 16-byte header (seconds,
+//! fraction, captured length, original length) and the frame. The magic
+//! `a1b2c3d4` means microsecond fractions, `a1b23c4d` nanoseconds; its
+//! byte order gives the file's.
+//!
+//! The writer is the crate's only I/O, and only through the `io::Write` it
+//! is given.
 
 use std::io::{self, Write};
 
@@ -8,117 +19,176 @@ use crate::{Error, Result};
 
 /// Linktype of Ethernet frames.
 pub const LINKTYPE_ETHERNET: u32 = 1;
-const MAGIC_US: u32 = 0xa1b2_c3d4;
-const MAGIC_NS: u32 = 0xa1b2_3c4d;
+/// Magic of a file with microsecond timestamps.
+pub const MAGIC_MICROS: u32 = 0xa1b2_c3d4;
+/// Magic of a file with nanosecond timestamps.
+pub const MAGIC_NANOS: u32 = 0xa1b2_3c4d;
+/// The snapshot length the writer declares (tcpdump's default); frames are
+/// always written whole.
+pub const SNAPLEN: u32 = 262_144;
 
-/// Writes a nanosecond-resolution pcap file.
+const GLOBAL_HEADER_LEN: usize = 24;
+const RECORD_HEADER_LEN: usize = 16;
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Writes a nanosecond-resolution, little-endian pcap file of Ethernet
+/// frames.
+#[derive(Debug)]
 pub struct PcapWriter<W: Write> {
-    w: W,
+    out: W,
 }
 
 impl<W: Write> PcapWriter<W> {
-    /// Start a file: writes the global header (pcap 2.4, ns timestamps,
-    /// snaplen 262144, Ethernet).
-    pub fn new(mut w: W) -> io::Result<Self> {
-        let mut h = [0u8; 24];
-        h[0..4].copy_from_slice(&MAGIC_NS.to_le_bytes());
+    /// Start a file: writes the global header (version 2.4, nanosecond
+    /// magic, snaplen [`SNAPLEN`], linktype Ethernet).
+    pub fn new(mut out: W) -> io::Result<Self> {
+        let mut h = [0u8; GLOBAL_HEADER_LEN];
+        h[0..4].copy_from_slice(&MAGIC_NANOS.to_le_bytes());
         h[4..6].copy_from_slice(&2u16.to_le_bytes());
         h[6..8].copy_from_slice(&4u16.to_le_bytes());
-        h[16..20].copy_from_slice(&262_144u32.to_le_bytes());
+        // 8..16: time zone offset and accuracy, always 0.
+        h[16..20].copy_from_slice(&SNAPLEN.to_le_bytes());
         h[20..24].copy_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
-        w.write_all(&h)?;
-        Ok(PcapWriter { w })
+        out.write_all(&h)?;
+        Ok(PcapWriter { out })
     }
 
-    /// Append one frame with a timestamp in nanoseconds.
+    /// Append one Ethernet frame with a timestamp in nanoseconds (since the
+    /// Unix epoch, or since the start of a simulation).
+    /// `io::ErrorKind::InvalidInput` for a frame longer than 4 GiB.
     pub fn write_frame(&mut self, ts_ns: u64, frame: &[u8]) -> io::Result<()> {
-        let mut h = [0u8; 16];
-        h[0..4].copy_from_slice(&((ts_ns / 1_000_000_000) as u32).to_le_bytes());
-        h[4..8].copy_from_slice(&((ts_ns % 1_000_000_000) as u32).to_le_bytes());
-        let len = frame.len() as u32;
+        let len = u32::try_from(frame.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame longer than 4 GiB"))?;
+        let secs = (ts_ns / NANOS_PER_SEC) as u32; // wraps in 2106
+        let nanos = (ts_ns % NANOS_PER_SEC) as u32;
+        let mut h = [0u8; RECORD_HEADER_LEN];
+        h[0..4].copy_from_slice(&secs.to_le_bytes());
+        h[4..8].copy_from_slice(&nanos.to_le_bytes());
         h[8..12].copy_from_slice(&len.to_le_bytes());
         h[12..16].copy_from_slice(&len.to_le_bytes());
-        self.w.write_all(&h)?;
-        self.w.write_all(frame)
+        self.out.write_all(&h)?;
+        self.out.write_all(frame)
     }
 
-    /// Append a RoCEv2 datagram, framed with Ethernet/IP/UDP (`frame::build`).
+    /// Append a RoCEv2 UDP payload framed as kernel rxe would send it
+    /// ([`crate::frame::build`]).
     pub fn write_roce(
         &mut self,
         ts_ns: u64,
         info: &IpUdpInfo,
         udp_payload: &[u8],
     ) -> io::Result<()> {
-        let f = crate::frame::build(info, udp_payload);
-        self.write_frame(ts_ns, &f)
+        let frame = crate::frame::build(info, udp_payload);
+        self.write_frame(ts_ns, &frame)
     }
 
     /// Flush the underlying writer.
     pub fn flush(&mut self) -> io::Result<()> {
-        self.w.flush()
+        self.out.flush()
     }
 
-    /// The underlying writer.
+    /// The underlying writer (not flushed).
     pub fn into_inner(self) -> W {
-        self.w
+        self.out
     }
 }
 
 /// One record of a capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PcapRecord<'a> {
+    /// Timestamp in nanoseconds.
     pub ts_ns: u64,
+    /// The captured bytes (possibly fewer than `orig_len` if the capture
+    /// was truncated by its snaplen).
     pub data: &'a [u8],
+    /// Length of the frame on the wire.
     pub orig_len: u32,
 }
 
-/// Reads a classic pcap file from memory (either byte order, µs or ns).
+/// Reads a classic pcap file held in memory: either byte order,
+/// microsecond or nanosecond timestamps. Iterating yields one
+/// `Result<PcapRecord>` per record; after a broken record (truncated file)
+/// it yields that error once and then ends.
 #[derive(Debug, Clone)]
 pub struct PcapReader<'a> {
     bytes: &'a [u8],
-    off: usize,
+    offset: usize,
     big_endian: bool,
     nanos: bool,
     linktype: u32,
 }
 
 impl<'a> PcapReader<'a> {
-    /// Check the global header.
+    /// Check the global header. `Error::Truncated` if the file is shorter
+    /// than it, `Error::Malformed` for an unknown magic (e.g. pcapng: use
+    /// `editcap -F pcap` or `dumpcap -P`).
     pub fn new(bytes: &'a [u8]) -> Result<Self> {
-        let h = bytes.get(..24).ok_or(Error::Truncated)?;
-        let le = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
-        let be = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
-        let (big_endian, nanos) = match (le, be) {
-            (MAGIC_US, _) => (false, false),
-            (MAGIC_NS, _) => (false, true),
-            (_, MAGIC_US) => (true, false),
-            (_, MAGIC_NS) => (true, true),
+        let magic: [u8; 4] = bytes
+            .get(..4)
+            .and_then(|m| m.try_into().ok())
+            .ok_or(Error::Truncated)?;
+        let (big_endian, nanos) = match (u32::from_le_bytes(magic), u32::from_be_bytes(magic)) {
+            (MAGIC_MICROS, _) => (false, false),
+            (MAGIC_NANOS, _) => (false, true),
+            (_, MAGIC_MICROS) => (true, false),
+            (_, MAGIC_NANOS) => (true, true),
             _ => return Err(Error::Malformed),
         };
-        let mut r = PcapReader {
+        let mut reader = PcapReader {
             bytes,
-            off: 24,
+            offset: GLOBAL_HEADER_LEN,
             big_endian,
             nanos,
             linktype: 0,
         };
-        r.linktype = r.u32_at(20).ok_or(Error::Truncated)?;
-        Ok(r)
+        reader.linktype = reader.u32_at(20).ok_or(Error::Truncated)?;
+        Ok(reader)
     }
 
-    /// The file's linktype (1 = Ethernet).
+    /// The file's linktype ([`LINKTYPE_ETHERNET`] for the frames
+    /// [`crate::frame::parse`] understands).
     pub fn linktype(&self) -> u32 {
         self.linktype
     }
 
-    fn u32_at(&self, o: usize) -> Option<u32> {
-        let b = self.bytes.get(o..o + 4)?;
-        let a = [b[0], b[1], b[2], b[3]];
+    /// Whether timestamps have nanosecond (rather than microsecond)
+    /// resolution.
+    pub fn is_nanosecond(&self) -> bool {
+        self.nanos
+    }
+
+    fn u32_at(&self, at: usize) -> Option<u32> {
+        let b: [u8; 4] = self.bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
         Some(if self.big_endian {
-            u32::from_be_bytes(a)
+            u32::from_be_bytes(b)
         } else {
-            u32::from_le_bytes(a)
+            u32::from_le_bytes(b)
         })
+    }
+
+    fn record_at(&self, at: usize) -> Result<(PcapRecord<'a>, usize)> {
+        let field = |i: usize| self.u32_at(at + 4 * i).ok_or(Error::Truncated);
+        let (secs, frac, incl, orig_len) = (field(0)?, field(1)?, field(2)?, field(3)?);
+        let data_at = at + RECORD_HEADER_LEN;
+        let end = usize::try_from(incl)
+            .ok()
+            .and_then(|n| data_at.checked_add(n))
+            .ok_or(Error::Truncated)?;
+        let data = self.bytes.get(data_at..end).ok_or(Error::Truncated)?;
+        let frac_ns = if self.nanos {
+            u64::from(frac)
+        } else {
+            u64::from(frac) * 1_000
+        };
+        let ts_ns = u64::from(secs) * NANOS_PER_SEC + frac_ns;
+        Ok((
+            PcapRecord {
+                ts_ns,
+                data,
+                orig_len,
+            },
+            end,
+        ))
     }
 }
 
@@ -126,32 +196,19 @@ impl<'a> Iterator for PcapReader<'a> {
     type Item = Result<PcapRecord<'a>>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.off >= self.bytes.len() {
+        if self.offset >= self.bytes.len() {
             return None;
         }
-        let rec = (|| {
-            let o = self.off;
-            let sec = u64::from(self.u32_at(o).ok_or(Error::Truncated)?);
-            let frac = u64::from(self.u32_at(o + 4).ok_or(Error::Truncated)?);
-            let incl = self.u32_at(o + 8).ok_or(Error::Truncated)? as usize;
-            let orig_len = self.u32_at(o + 12).ok_or(Error::Truncated)?;
-            let data = self
-                .bytes
-                .get(o + 16..o + 16 + incl)
-                .ok_or(Error::Truncated)?;
-            self.off = o + 16 + incl;
-            let ts_ns = sec * 1_000_000_000 + if self.nanos { frac } else { frac * 1000 };
-            Ok(PcapRecord {
-                ts_ns,
-                data,
-                orig_len,
-            })
-        })();
-        if rec.is_err() {
-            // Stop after a broken record.
-            self.off = self.bytes.len();
+        match self.record_at(self.offset) {
+            Ok((record, end)) => {
+                self.offset = end;
+                Some(Ok(record))
+            }
+            Err(e) => {
+                self.offset = self.bytes.len();
+                Some(Err(e))
+            }
         }
-        Some(rec)
     }
 }
 
@@ -164,14 +221,50 @@ mod tests {
         let mut w = PcapWriter::new(Vec::new()).unwrap();
         w.write_frame(1_500_000_123, &[1, 2, 3]).unwrap();
         w.write_frame(2_000_000_000, &[4]).unwrap();
+        w.flush().unwrap();
         let bytes = w.into_inner();
+        assert_eq!(&bytes[..4], &[0x4d, 0x3c, 0xb2, 0xa1]);
+        assert_eq!(bytes.len(), 24 + 16 + 3 + 16 + 1);
         let r = PcapReader::new(&bytes).unwrap();
         assert_eq!(r.linktype(), LINKTYPE_ETHERNET);
+        assert!(r.is_nanosecond());
         let recs: Vec<_> = r.map(|x| x.unwrap()).collect();
-        assert_eq!(recs.len(), 2);
-        assert_eq!(recs[0].ts_ns, 1_500_000_123);
-        assert_eq!(recs[0].data, &[1, 2, 3]);
-        assert_eq!(recs[1].data, &[4]);
+        assert_eq!(
+            recs,
+            vec![
+                PcapRecord {
+                    ts_ns: 1_500_000_123,
+                    data: &[1, 2, 3],
+                    orig_len: 3
+                },
+                PcapRecord {
+                    ts_ns: 2_000_000_000,
+                    data: &[4],
+                    orig_len: 1
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn big_endian_microsecond_file() {
+        // The header and one 2-byte record, big-endian, µs timestamps,
+        // truncated by snaplen (orig_len 60).
+        let mut f = Vec::new();
+        f.extend_from_slice(&MAGIC_MICROS.to_be_bytes());
+        f.extend_from_slice(&[0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0]);
+        f.extend_from_slice(&2u32.to_be_bytes());
+        f.extend_from_slice(&LINKTYPE_ETHERNET.to_be_bytes());
+        for v in [7u32, 250_000, 2, 60] {
+            f.extend_from_slice(&v.to_be_bytes());
+        }
+        f.extend_from_slice(&[0xab, 0xcd]);
+        let mut r = PcapReader::new(&f).unwrap();
+        assert!(!r.is_nanosecond());
+        let rec = r.next().unwrap().unwrap();
+        assert_eq!(rec.ts_ns, 7_250_000_000);
+        assert_eq!((rec.data, rec.orig_len), (&[0xab, 0xcd][..], 60));
+        assert!(r.next().is_none());
     }
 
     #[test]
@@ -181,9 +274,22 @@ mod tests {
         let mut bytes = w.into_inner();
         bytes.truncate(bytes.len() - 1);
         let mut r = PcapReader::new(&bytes).unwrap();
-        assert!(matches!(r.next(), Some(Err(Error::Truncated))));
+        assert_eq!(r.next(), Some(Err(Error::Truncated)));
         assert!(r.next().is_none());
-        assert!(PcapReader::new(&[0u8; 10]).is_err());
-        assert!(PcapReader::new(&[0u8; 24]).is_err());
+        // A record length of 4 GiB - 1 does not overflow anything.
+        let mut huge = bytes[..24].to_vec();
+        huge.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+        assert_eq!(
+            PcapReader::new(&huge).unwrap().next(),
+            Some(Err(Error::Truncated))
+        );
+        // Header problems.
+        assert_eq!(PcapReader::new(&[0u8; 3]).err(), Some(Error::Truncated));
+        assert_eq!(PcapReader::new(&bytes[..20]).err(), Some(Error::Truncated));
+        assert_eq!(PcapReader::new(&[0u8; 24]).err(), Some(Error::Malformed));
+        let pcapng = [
+            0x0a, 0x0d, 0x0d, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        assert_eq!(PcapReader::new(&pcapng).err(), Some(Error::Malformed));
     }
 }
