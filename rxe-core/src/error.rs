@@ -31,7 +31,8 @@ impl Error {
     /// The errno a C caller sees.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Invalid(_) | Error::ModifyQp(_) | Error::NotFound(_) => 22,
+            Error::ModifyQp(e) => e.errno(),
+            Error::Invalid(_) | Error::NotFound(_) => 22,
             Error::NoMemory(_) => 12,
             Error::Busy(_) => 16,
             Error::NotSupported(_) => 95,
