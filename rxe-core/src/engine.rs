@@ -532,6 +532,14 @@ impl<M: Memory> Engine<M> {
         Ok(())
     }
 
+    /// Whether the CQ is armed for a notification that has not fired.
+    pub fn cq_armed(&self, cq: CqHandle) -> bool {
+        self.ctx
+            .cqs
+            .get(&cq)
+            .is_some_and(|c| c.arm != crate::cq::Arm::None)
+    }
+
     /// The next CQ whose armed notification fired.
     pub fn poll_cq_notification(&mut self) -> Option<CqHandle> {
         self.ctx.notify.pop_front()

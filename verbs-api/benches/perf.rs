@@ -289,30 +289,39 @@ fn main() {
     );
     println!("(2 cores; the ceiling is raw UDP between two sockets on the same addresses, same datagram sizes)\n");
 
+    // `RXE_BENCH_ONLY=bw|lat|rate` runs one phase (for profiling).
+    let only = std::env::var("RXE_BENCH_ONLY").unwrap_or_default();
+    let run = |phase: &str| only.is_empty() || only == phase;
+
     // 64 KiB WRITEs travel as 16 datagrams of 12 + 4096 + 4 bytes.
-    let (ceil_bw, _) = udp_stream(4112, "127.0.9.1", "127.0.9.2");
-    let (bw, _) = rdma_write(&a, &b, 64 << 10, 16);
-    println!("RC WRITE 64 KiB, depth 16: {:8.1} MB/s | UDP ceiling (4112-B datagrams) {:8.1} MB/s | ratio {:.2}", bw / 1e6, ceil_bw / 1e6, bw / ceil_bw);
+    if run("bw") {
+        let (ceil_bw, _) = udp_stream(4112, "127.0.9.1", "127.0.9.2");
+        let (bw, _) = rdma_write(&a, &b, 64 << 10, 16);
+        println!("RC WRITE 64 KiB, depth 16: {:8.1} MB/s | UDP ceiling (4112-B datagrams) {:8.1} MB/s | ratio {:.2}", bw / 1e6, ceil_bw / 1e6, bw / ceil_bw);
+    }
 
     // An 8-byte SEND_ONLY is 12 + 8 + 4 = 24 bytes of UDP payload.
-    let ceil_lat = udp_pingpong(24, "127.0.9.1", "127.0.9.2");
-    let lat = rdma_pingpong(&a, &b);
-    println!(
+    if run("lat") {
+        let ceil_lat = udp_pingpong(24, "127.0.9.1", "127.0.9.2");
+        let lat = rdma_pingpong(&a, &b);
+        println!(
         "RC SEND 8 B latency:       {:8.2} us   | UDP ping-pong (24 B) {:8.2} us   | ratio {:.2}",
         lat.as_secs_f64() * 1e6,
         ceil_lat.as_secs_f64() * 1e6,
         lat.as_secs_f64() / ceil_lat.as_secs_f64()
     );
-
+    }
     // 8-byte WRITE_ONLY: 12 + 16 + 8 + 4 = 40 bytes.
-    let (_, ceil_rate) = udp_stream(40, "127.0.9.1", "127.0.9.2");
-    let (_, rate) = rdma_write(&a, &b, 8, 128);
-    println!(
+    if run("rate") {
+        let (_, ceil_rate) = udp_stream(40, "127.0.9.1", "127.0.9.2");
+        let (_, rate) = rdma_write(&a, &b, 8, 128);
+        println!(
         "RC WRITE 8 B message rate: {:8.0} /s   | UDP datagrams (40 B) {:8.0} /s   | ratio {:.2}",
         rate,
         ceil_rate,
         rate / ceil_rate
     );
+    }
     let c = a.dev.counters();
     println!("\nrequester counters: sent_pkts {} rcvd_pkts {} completer_retry_err {} retrans_timeouts {}", c.sent_pkts, c.rcvd_pkts, c.completer_retry_err, c.retrans_timeouts);
 }

@@ -59,8 +59,10 @@ impl DeviceConfig {
 }
 
 /// How long after an application's last `poll` the progress thread keeps
-/// off the socket.
-const APP_POLL_GRACE: Duration = Duration::from_micros(100);
+/// off the socket and the core. Arming a CQ (`req_notify`) ends it at
+/// once; an application that stops polling without arming leaves incoming
+/// packets and timers waiting at most this long.
+const APP_POLL_GRACE: Duration = Duration::from_millis(1);
 
 struct Faults {
     cfg: FaultConfig,
@@ -85,6 +87,12 @@ pub(crate) struct Inner {
     pub cfg: DeviceConfig,
     pub mtu: Mtu,
     socket: UdpSocket,
+    /// Responses (ACKs, NAKs, READ and atomic responses) held back so that
+    /// an application polling a CQ gets its completion before the
+    /// acknowledgement is sent, as kernel rxe's responder completes before
+    /// it acknowledges. Touched only with the engine locked; sent by the
+    /// next flush that does not hold, at most [`APP_POLL_GRACE`] later.
+    deferred: Mutex<Vec<Transmit>>,
     senders: Mutex<HashMap<u16, UdpSocket>>,
     faults: Mutex<Option<Faults>>,
     epoch: std::time::Instant,
@@ -96,6 +104,8 @@ pub(crate) struct Inner {
     /// While one polls, it receives datagrams itself and the progress
     /// thread leaves the socket alone instead of competing for a core.
     pub(crate) last_app_poll: std::sync::atomic::AtomicU64,
+    /// The progress thread sleeps because an application polls.
+    spin_sleeping: AtomicBool,
     wake_tx: UnixDatagram,
     wake_rx: UnixDatagram,
 }
@@ -155,45 +165,101 @@ impl Inner {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Send what the engine has queued. Called with the engine locked so
-    /// that packets leave in the order the engine produced them.
+    /// Send what the engine has queued, responses held back earlier
+    /// included. Called with the engine locked.
     pub(crate) fn flush(&self, eng: &mut Engine<HostMemory>) {
+        self.flush_with(eng, false)
+    }
+
+    /// Send what the engine has queued. Requests leave first, then the
+    /// responses: each of the two streams keeps the engine's order (they
+    /// are independent on the wire, IBTA 9.7). With `hold`, the responses
+    /// are kept for a later flush instead: the latency-critical path of
+    /// an application's poll or post_recv then carries no acknowledgement
+    /// syscall.
+    pub(crate) fn flush_with(&self, eng: &mut Engine<HostMemory>, hold: bool) {
         let mut any = false;
+        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let had_deferred = !deferred.is_empty();
+        let mut responses = Vec::new();
         while let Some(t) = eng.poll_transmit() {
             any = true;
-            let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-            match faults.as_mut() {
-                None => self.send(eng, t),
-                Some(f) => {
-                    if f.rng.chance(f.cfg.loss) {
-                        continue;
-                    }
-                    let dup = f.rng.chance(f.cfg.duplicate);
-                    if f.rng.chance(f.cfg.reorder) && f.held.is_none() {
-                        f.held = Some(t);
-                        continue;
-                    }
-                    let held = f.held.take();
-                    drop(faults);
-                    if dup {
-                        self.send(eng, t.clone());
-                    }
-                    self.send(eng, t);
-                    if let Some(h) = held {
-                        self.send(eng, h);
-                    }
+            if is_response(&t.payload) {
+                responses.push(t);
+            } else {
+                self.transmit(eng, t);
+            }
+        }
+        if hold {
+            if !responses.is_empty() {
+                deferred.extend(responses);
+                // A progress thread in a long sleep would not send them if
+                // the application stops polling: wake it.
+                let until = self.sleeping_until.load(Ordering::Acquire);
+                let soon = (self.now() + APP_POLL_GRACE).as_nanos();
+                if until != 0 && until > soon {
+                    self.wake();
                 }
             }
-        }
-        if any {
-            // Wake the progress thread only if the engine now has a deadline
-            // before the one it sleeps towards (a wake costs a syscall and,
-            // on a small machine, a context switch).
-            let until = self.sleeping_until.load(Ordering::Acquire);
-            if until != 0 && eng.poll_timeout().is_some_and(|d| d.as_nanos() < until) {
-                self.wake();
+        } else {
+            let held = std::mem::take(&mut *deferred);
+            drop(deferred);
+            for t in held.into_iter().chain(responses) {
+                self.transmit(eng, t);
             }
         }
+        if any || had_deferred {
+            self.after_transmit(eng);
+        }
+        self.deliver_notifications(eng);
+    }
+
+    /// Whether responses are waiting for a flush.
+    fn has_deferred(&self) -> bool {
+        !self
+            .deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// One datagram through fault injection (if configured) to the wire.
+    fn transmit(&self, eng: &mut Engine<HostMemory>, t: Transmit) {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(f) = faults.as_mut() else {
+            drop(faults);
+            return self.send(eng, t);
+        };
+        if f.rng.chance(f.cfg.loss) {
+            return;
+        }
+        let dup = f.rng.chance(f.cfg.duplicate);
+        if f.rng.chance(f.cfg.reorder) && f.held.is_none() {
+            f.held = Some(t);
+            return;
+        }
+        let held = f.held.take();
+        drop(faults);
+        if dup {
+            self.send(eng, t.clone());
+        }
+        self.send(eng, t);
+        if let Some(h) = held {
+            self.send(eng, h);
+        }
+    }
+
+    /// Wake the progress thread only if the engine now has a deadline
+    /// before the one it sleeps towards (a wake costs a syscall and, on a
+    /// small machine, a context switch).
+    fn after_transmit(&self, eng: &mut Engine<HostMemory>) {
+        let until = self.sleeping_until.load(Ordering::Acquire);
+        if until != 0 && eng.poll_timeout().is_some_and(|d| d.as_nanos() < until) {
+            self.wake();
+        }
+    }
+
+    fn deliver_notifications(&self, eng: &mut Engine<HostMemory>) {
         // Asynchronous events: queue them and signal the event fd.
         while let Some(ev) = eng.poll_event() {
             self.events
@@ -249,8 +315,15 @@ impl Inner {
     /// due timers. The engine lock is held across `recv` so datagrams are
     /// handled in the order the socket delivered them, whichever thread
     /// (the progress thread or an application polling a CQ) gets there.
-    pub(crate) fn progress(&self, buf: &mut [u8]) {
+    ///
+    /// `app`: called from an application's poll. Responses produced here
+    /// are held until the next flush (see [`Inner::flush_with`]), and the
+    /// ones held by the previous poll go out first.
+    pub(crate) fn progress(&self, buf: &mut [u8], app: bool) {
         let mut e = self.lock();
+        if app && self.has_deferred() {
+            self.flush(&mut e);
+        }
         loop {
             match self.socket.recv_from(buf) {
                 Ok((n, src)) => {
@@ -266,7 +339,7 @@ impl Inner {
                     e.handle_datagram(now, &dg);
                     // Send what it produced before reading more, so a burst
                     // of requests cannot pile up responses in memory.
-                    self.flush(&mut e);
+                    self.flush_with(&mut e, app);
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 // WouldBlock: nothing more. Other errors (ICMP reports on
@@ -278,7 +351,30 @@ impl Inner {
         if e.poll_timeout().is_some_and(|d| d <= now) {
             e.handle_timeout(now);
         }
-        self.flush(&mut e);
+        self.flush_with(&mut e, app);
+    }
+
+    /// The application polls: it drives the device itself until
+    /// [`APP_POLL_GRACE`] after this call.
+    pub(crate) fn note_app_poll(&self) {
+        self.last_app_poll
+            .store(self.now().as_nanos().max(1), Ordering::SeqCst);
+    }
+
+    /// The application is about to sleep (it armed a CQ): the progress
+    /// thread takes the socket back at once.
+    pub(crate) fn hand_off(&self) {
+        self.last_app_poll.store(0, Ordering::SeqCst);
+        if self.spin_sleeping.load(Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+
+    /// Whether an application polled within the grace period.
+    fn app_spinning(&self, now: Instant) -> Option<Instant> {
+        let polled = self.last_app_poll.load(Ordering::SeqCst);
+        let until = Instant::from_nanos(polled) + APP_POLL_GRACE;
+        (polled != 0 && now < until).then_some(until)
     }
 
     fn progress_loop(self: Arc<Self>) {
@@ -287,7 +383,23 @@ impl Inner {
         let fds = [self.socket.as_raw_fd(), self.wake_rx.as_raw_fd()];
         while !self.stop.load(Ordering::SeqCst) {
             while self.wake_rx.recv(&mut wbuf).is_ok() {}
-            self.progress(&mut buf);
+            // While an application spins on poll it reads the socket, fires
+            // timers and sends held responses itself: stay off the core and
+            // the lock (a wake preempts a spinning thread on a small
+            // machine), and look again when its grace period ends or when
+            // it arms a CQ to sleep.
+            if let Some(until) = self.app_spinning(self.now()) {
+                self.spin_sleeping.store(true, Ordering::SeqCst);
+                // A hand-off between the check above and the flag's store
+                // saw no flag and sent no wake: check again after it.
+                if self.app_spinning(self.now()).is_some() && !self.stop.load(Ordering::SeqCst) {
+                    let wait = until.saturating_duration_since(self.now());
+                    crate::sys::wait_readable(&fds[1..], Some(wait));
+                }
+                self.spin_sleeping.store(false, Ordering::SeqCst);
+                continue;
+            }
+            self.progress(&mut buf, false);
             let deadline = self.lock().poll_timeout();
             // Check `stop` only after draining the wake pipe: a wake sent
             // after this check stays in the pipe and ends the wait below.
@@ -301,26 +413,32 @@ impl Inner {
             if wait == Duration::ZERO {
                 continue;
             }
-            let polled = self.last_app_poll.load(Ordering::Relaxed);
-            let app_spinning =
-                now.as_nanos().saturating_sub(polled) < APP_POLL_GRACE.as_nanos() as u64;
-            // While an application spins on poll it reads the socket itself:
-            // watch only the wake pipe, and look again after the grace period.
-            let (watch, wait) = if app_spinning {
-                (&fds[1..], wait.min(APP_POLL_GRACE))
+            // Responses held by an application's poll go out at its next
+            // poll, or here if it stopped polling.
+            let wait = if self.has_deferred() {
+                wait.min(APP_POLL_GRACE)
             } else {
-                (&fds[..], wait)
+                wait
             };
             self.sleeping_until
                 .store((now + wait).as_nanos().max(1), Ordering::Release);
             // A deadline set after `deadline` was read but before
             // `sleeping_until` was published did not wake us: look once more.
             if self.lock().poll_timeout().is_none_or(|d| d >= now + wait) {
-                crate::sys::wait_readable(watch, Some(wait));
+                crate::sys::wait_readable(&fds, Some(wait));
             }
             self.sleeping_until.store(0, Ordering::Release);
         }
     }
+}
+
+/// Whether a datagram built by the engine is a response (ACK, NAK, READ
+/// response, atomic ACK): an opcode without the request flag.
+fn is_response(payload: &[u8]) -> bool {
+    payload
+        .first()
+        .and_then(|&op| wire::Opcode(op).info())
+        .is_some_and(|i| !i.flags.contains(wire::OpFlags::REQ))
 }
 
 /// The GID table kernel rxe builds for a netdev with this address (Linux
@@ -412,8 +530,10 @@ impl Device {
             stop: AtomicBool::new(false),
             sleeping_until: std::sync::atomic::AtomicU64::new(0),
             last_app_poll: std::sync::atomic::AtomicU64::new(0),
+            spin_sleeping: AtomicBool::new(false),
             wake_tx,
             wake_rx,
+            deferred: Mutex::new(Vec::new()),
         });
         let worker = inner.clone();
         let handle = std::thread::Builder::new()

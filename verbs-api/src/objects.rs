@@ -311,11 +311,13 @@ impl CompletionQueue {
     /// completion) produces one event on its channel. As with verbs, poll
     /// once more after arming: completions already queued do not fire.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        Ok(self
-            .dev
+        self.dev
             .inner
             .lock()
-            .req_notify_cq(self.h, solicited_only)?)
+            .req_notify_cq(self.h, solicited_only)?;
+        // The application is going to sleep on the channel.
+        self.dev.inner.hand_off();
+        Ok(())
     }
 
     /// Acknowledge `n` events of this CQ (`ibv_ack_cq_events`). Events are
@@ -332,17 +334,27 @@ impl CompletionQueue {
     /// application gets its completions without waiting for the progress
     /// thread to be scheduled.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
-        let first = self.dev.inner.lock().poll_cq(self.h, max)?;
-        if !first.is_empty() {
-            return Ok(first);
-        }
         let inner = &self.dev.inner;
-        inner
-            .last_app_poll
-            .store(inner.now().as_nanos(), std::sync::atomic::Ordering::Relaxed);
-        let mut buf = [0u8; 4200];
-        inner.progress(&mut buf);
-        Ok(self.dev.inner.lock().poll_cq(self.h, max)?)
+        let armed = {
+            let mut e = inner.lock();
+            let first = e.poll_cq(self.h, max)?;
+            if !first.is_empty() {
+                return Ok(first);
+            }
+            e.cq_armed(self.h)
+        };
+        // Polling an armed CQ is the last look before sleeping on its
+        // channel: leave the socket to the progress thread, and hold no
+        // responses for a next poll that may not come.
+        if !armed {
+            inner.note_app_poll();
+        }
+        thread_local! {
+            // Big enough for any UDP datagram; reused, never zeroed again.
+            static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 65536]);
+        }
+        BUF.with(|b| inner.progress(&mut b.borrow_mut(), !armed));
+        Ok(inner.lock().poll_cq(self.h, max)?)
     }
 
     /// Poll until `n` completions arrived or `timeout` passed.
@@ -433,7 +445,9 @@ impl QueuePair {
         let mut e = self.dev.inner.lock();
         e.post_recv(self.qpn, wr)?;
         // In ERR the WR was flushed at once: deliver its notification.
-        self.dev.inner.flush(&mut e);
+        // Responses held by a poll stay held: the next post_send or poll
+        // sends them after its own requests.
+        self.dev.inner.flush_with(&mut e, true);
         Ok(())
     }
 }

@@ -43,6 +43,10 @@ fn side(ip: &str, ty: QpType, fault: Option<FaultConfig>) -> Side {
 /// RESET -> INIT -> RTR -> RTS, as an application does after exchanging
 /// QPN, PSN and GID out of band.
 fn connect(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, rc: bool) {
+    connect_with_timeout(me, peer, my_psn, peer_psn, rc, 10)
+}
+
+fn connect_with_timeout(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, rc: bool, timeout: u8) {
     me.qp
         .modify(
             &QpAttr {
@@ -79,7 +83,7 @@ fn connect(me: &Side, peer: &Side, my_psn: u32, peer_psn: u32, rc: bool) {
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: my_psn,
-        timeout: 10,
+        timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         max_rd_atomic: 16,
@@ -949,4 +953,44 @@ fn one_large_read() {
     assert_eq!(wc.first().map(|w| w.status), Some(WcStatus::Success));
     drop(dmr);
     assert!(dst == expect);
+}
+
+/// A poll that produces a receive completion holds the ACK back so the
+/// application sees its completion first; the ACK must still leave when the
+/// application then stops calling into the device, before the requester's
+/// retransmission timer (here about a second) would have recovered it.
+#[test]
+fn ack_held_by_a_poll_leaves_when_the_application_stops_polling() {
+    let a = side("127.0.14.1", QpType::Rc, None);
+    let b = side("127.0.14.2", QpType::Rc, None);
+    // timeout 18: 4.096 us * 2^18 = 1.07 s before A would retransmit.
+    connect_with_timeout(&a, &b, 5, 9, true, 18);
+    connect_with_timeout(&b, &a, 9, 5, true, 18);
+    let mut abuf = pattern(64, 3);
+    let amr = a.pd.reg_mr(&mut abuf, ALL).unwrap();
+    let mut bbuf = vec![0u8; 64];
+    let bmr = b.pd.reg_mr(&mut bbuf, ALL).unwrap();
+    for round in 0..3u64 {
+        b.qp.post_recv(RecvWr {
+            wr_id: round,
+            sg_list: vec![bmr.sge(0, 64)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(round, SendOp::Send, vec![amr.sge(0, 64)]))
+            .unwrap();
+        // B polls until its completion, then never touches the device again
+        // this round; only its progress thread can send the held ACK.
+        let wc = b.cq.wait(1, WAIT).unwrap();
+        assert_eq!(wc.len(), 1);
+        assert_eq!(wc[0].status, WcStatus::Success);
+        let wc = a.cq.wait(1, WAIT).unwrap();
+        assert_eq!(wc.len(), 1, "no send completion: {:?}", a.dev.counters());
+        assert_eq!(wc[0].status, WcStatus::Success);
+    }
+    let c = a.dev.counters();
+    assert_eq!(
+        c.retrans_timeouts, 0,
+        "the held ACKs were not sent until A retransmitted: {c:?}"
+    );
+    assert_eq!(b.dev.counters().duplicate_request, 0);
 }
