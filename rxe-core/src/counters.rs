@@ -48,6 +48,8 @@ pub struct Counters {
     pub cq_overflow: u64,
     /// Retransmission timer expiries.
     pub retrans_timeouts: u64,
+    /// Requests dropped because too many waited behind a READ reply.
+    pub resp_deferred_drops: u64,
 }
 
 impl Counters {
@@ -78,6 +80,7 @@ impl Counters {
             ("rcvd_ignored_resp", self.rcvd_ignored_resp),
             ("cq_overflow", self.cq_overflow),
             ("retrans_timeouts", self.retrans_timeouts),
+            ("resp_deferred_drops", self.resp_deferred_drops),
         ]
         .into_iter()
     }

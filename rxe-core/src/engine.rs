@@ -115,6 +115,9 @@ pub(crate) struct Ctx<M> {
     pub srqs: HashMap<SrqHandle, Srq>,
     pub ahs: HashMap<AhHandle, Ah>,
     pub out: VecDeque<Transmit>,
+    /// QPs with a READ reply under way, served in turn by `poll_transmit`
+    /// once `out` is empty.
+    pub read_ready: VecDeque<u32>,
     pub events: VecDeque<AsyncEvent>,
     pub notify: VecDeque<CqHandle>,
     pub counters: Counters,
@@ -203,6 +206,7 @@ impl<M: Memory> Engine<M> {
                 out: VecDeque::new(),
                 events: VecDeque::new(),
                 notify: VecDeque::new(),
+                read_ready: VecDeque::new(),
                 counters: Counters::default(),
                 cfg,
             },
@@ -1032,7 +1036,25 @@ impl<M: Memory> Engine<M> {
 
     /// The next datagram to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.ctx.out.pop_front()
+        loop {
+            if let Some(t) = self.ctx.out.pop_front() {
+                return Some(t);
+            }
+            // Nothing queued: build the next response of a READ reply,
+            // one QP after another. When a reply ends, the requests that
+            // waited behind it are handled (they may queue packets,
+            // completions and events, or start another READ reply).
+            let qpn = self.ctx.read_ready.pop_front()?;
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            if crate::resp::continue_read(qp, &mut self.ctx) {
+                self.ctx.read_ready.push_back(qpn);
+            } else {
+                crate::resp::resume_deferred(qp, &mut self.ctx);
+                self.reindex(qpn);
+            }
+        }
     }
 
     /// The driver could not send a datagram (counted as `send_err`; the
@@ -1041,9 +1063,15 @@ impl<M: Memory> Engine<M> {
         self.ctx.counters.send_err += 1;
     }
 
-    /// Number of datagrams waiting to be sent.
+    /// Number of datagrams built and waiting to be sent. READ replies
+    /// under way build theirs as `poll_transmit` asks, and are not counted.
     pub fn pending_transmits(&self) -> usize {
         self.ctx.out.len()
+    }
+
+    /// Whether `poll_transmit` has anything to give.
+    pub fn has_transmit(&self) -> bool {
+        !self.ctx.out.is_empty() || !self.ctx.read_ready.is_empty()
     }
 
     /// The earliest deadline at which `handle_timeout` must be called.

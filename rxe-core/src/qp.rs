@@ -192,6 +192,47 @@ pub(crate) struct Qp {
     pub drop_msg: bool,
     pub resources: VecDeque<Resource>,
     pub comm_est_sent: bool,
+    /// The READ being answered, one response per `poll_transmit`.
+    pub read_reply: Option<ReadReply>,
+    /// Requests that arrived while a READ reply was under way; handled in
+    /// order when it ends. Kernel rxe's responder likewise finishes a READ
+    /// reply before it takes the next request, so a later WRITE cannot
+    /// change the data a READ returns and no later ACK overtakes it.
+    pub deferred: VecDeque<DeferredRequest>,
+}
+
+/// A READ reply in progress (kernel `read_reply` with `qp->resp.res`):
+/// the responses are built one at a time as the driver polls for packets,
+/// so the first leaves at once however long the READ is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadReply {
+    /// The READ's first PSN (a replay that starts later uses MIDDLE/LAST).
+    pub first_psn: Psn,
+    /// PSN of this reply's first response.
+    pub start_psn: Psn,
+    pub rkey: u32,
+    /// Remote address of this reply's first byte.
+    pub va: u64,
+    /// Bytes from `va`.
+    pub len: u32,
+    /// Responses built so far.
+    pub sent: u32,
+    /// MSN carried in the first and last responses' AETH.
+    pub msn: u32,
+}
+
+/// The most requests held behind a READ reply; more are dropped (and
+/// counted), and the requester retransmits them.
+pub(crate) const MAX_DEFERRED: usize = 512;
+
+/// A request datagram held behind a READ reply.
+#[derive(Debug, Clone)]
+pub(crate) struct DeferredRequest {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub payload: Vec<u8>,
 }
 
 /// Kernel `hash_32(val, bits)`: multiply by the 32-bit golden ratio and keep
@@ -286,6 +327,8 @@ impl Qp {
             drop_msg: false,
             resources: VecDeque::new(),
             comm_est_sent: false,
+            read_reply: None,
+            deferred: VecDeque::new(),
         }
     }
 
@@ -353,6 +396,8 @@ impl Qp {
         self.sent_psn_nak = false;
         self.drop_msg = false;
         self.resources.clear();
+        self.read_reply = None;
+        self.deferred.clear();
         self.comm_est_sent = false;
         self.error_cause = None;
         self.path = None;

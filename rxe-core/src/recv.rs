@@ -77,8 +77,11 @@ pub(crate) fn handle<M: Memory>(
         .opcode
         .info()
         .is_some_and(|i| i.flags.contains(OpFlags::REQ));
-    if is_request {
-        crate::resp::on_request(qp, ctx, now, &pkt, dg);
+    if is_request && (qp.read_reply.is_some() || !qp.deferred.is_empty()) {
+        // Requests wait until the READ reply under way is sent.
+        crate::resp::defer_request(qp, ctx, dg);
+    } else if is_request {
+        crate::resp::on_request(qp, ctx, &pkt, dg);
     } else if qp.qp_type == QpType::Rc {
         crate::comp::on_response(qp, ctx, now, &pkt);
     } else {

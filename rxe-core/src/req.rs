@@ -474,6 +474,9 @@ pub(crate) fn enter_error<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, why: Option<
     qp.state = QpState::Err;
     qp.attr.qp_state = Some(QpState::Err);
     qp.sq_draining = false;
+    // The responder stops: no more READ responses, no waiting requests.
+    qp.read_reply = None;
+    qp.deferred.clear();
     flush_send_queue(qp, ctx);
     crate::resp::flush_recv_queue(qp, ctx);
     if qp.srq.is_some() {

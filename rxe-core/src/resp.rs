@@ -12,10 +12,11 @@ use crate::dma::{self, ScatterError};
 use crate::engine::{flushed_recv_wc, Ctx, RxDatagram};
 use crate::mem::{AtomicOp, Memory};
 use crate::mr::{AccessFlags, KeyError};
-use crate::qp::{ActiveRecv, ActiveWrite, Qp, RecvWqe, Resource};
+use crate::qp::{
+    ActiveRecv, ActiveWrite, DeferredRequest, Qp, ReadReply, RecvWqe, Resource, MAX_DEFERRED,
+};
 use crate::qp_attr::{QpState, QpType};
 use crate::req::{aeth, enter_error};
-use crate::time::Instant;
 use crate::tx::{self, Headers, Route};
 use crate::wr::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::{AsyncEventKind, EventObject};
@@ -86,49 +87,133 @@ fn send_atomic_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64) {
     }
 }
 
-/// Send the READ responses for `len` bytes at `va` starting at `start_psn`.
-/// `first_psn` is the READ's first PSN: a replay that starts later uses
-/// MIDDLE/LAST opcodes (kernel `read_reply`).
-fn send_read_responses<M: Memory>(
-    qp: &Qp,
-    ctx: &mut Ctx<M>,
-    first_psn: Psn,
-    start_psn: Psn,
-    host_addr: u64,
-    len: u32,
-) -> Result<(), String> {
-    let Some(r) = route(qp) else { return Ok(()) };
+/// Start answering a READ (or replaying one from `start_psn`): the
+/// responses are built by [`continue_read`] as the driver polls.
+fn start_read_reply<M>(qp: &mut Qp, ctx: &mut Ctx<M>, reply: ReadReply) {
+    qp.read_reply = Some(reply);
+    ctx.read_ready.push_back(qp.qpn);
+}
+
+/// Build the next response of the QP's READ reply (kernel `read_reply`).
+/// Returns whether more remain. The rkey is checked again for every
+/// packet: the MR may have been deregistered, and its memory handed back
+/// to the application, since the READ arrived. Then the QP gets the access
+/// error it would have got had the READ arrived after the deregistration
+/// (kernel rxe holds a reference to the MR instead; we cannot hold the
+/// application's memory).
+pub(crate) fn continue_read<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) -> bool {
+    let Some(mut rr) = qp.read_reply.take() else {
+        return false;
+    };
+    let Some(r) = route(qp) else {
+        return false;
+    };
     let mtu = qp.mtu;
-    let n = len.div_ceil(mtu).max(1);
-    let from_start = start_psn == first_psn;
-    for i in 0..n {
-        let off = i * mtu;
-        let chunk = (len - off).min(mtu);
-        let (first, last) = (i == 0 && from_start, i == n - 1);
-        let opcode = match (first, last) {
-            (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-            (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-            (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
-            (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-        };
-        let mut h = Headers::new(opcode, qp.attr.dest_qp_num, start_psn.add(i));
-        if first || last {
-            h.aeth = Some(aeth(ACK, qp.msn));
-        }
-        let addr = host_addr + u64::from(off);
-        tx::emit(ctx, r, &h, chunk as usize, |ctx, buf| {
-            if buf.is_empty() {
-                Ok(())
-            } else {
-                ctx.mem.read(addr, buf)
+    let n = rr.len.div_ceil(mtu).max(1);
+    let i = rr.sent;
+    let off = i * mtu;
+    let chunk = (rr.len - off).min(mtu);
+    let (first, last) = (i == 0 && rr.start_psn == rr.first_psn, i == n - 1);
+    let opcode = match (first, last) {
+        (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+    };
+    let psn = rr.start_psn.add(i);
+    let mut h = Headers::new(opcode, qp.attr.dest_qp_num, psn);
+    if first || last {
+        h.aeth = Some(aeth(ACK, rr.msn));
+    }
+    let host = if chunk == 0 {
+        0
+    } else {
+        match ctx.keys.check_remote(
+            qp.pd,
+            qp.qpn,
+            rr.rkey,
+            rr.va + u64::from(off),
+            u64::from(chunk),
+            AccessFlags::REMOTE_READ,
+        ) {
+            Ok(h) => h.host_addr,
+            Err(e) => {
+                let f = access(e, "RDMA READ (the MR changed during the reply)");
+                responder_fault(qp, ctx, psn, f);
+                return false;
             }
-        })
-        .map_err(|e| match e {
+        }
+    };
+    let built = tx::emit(ctx, r, &h, chunk as usize, |ctx, buf| {
+        if buf.is_empty() {
+            Ok(())
+        } else {
+            ctx.mem.read(host, buf)
+        }
+    });
+    if let Err(e) = built {
+        let m = match e {
             tx::EmitError::Fill(f) => f.to_string(),
             tx::EmitError::Build(b) => b.to_string(),
-        })?;
+        };
+        let f = fatal(
+            NakCode::RemoteOperationalError,
+            WcStatus::RemOpErr,
+            AsyncEventKind::QpFatal,
+            format!("READ data could not be read: {m}"),
+        );
+        responder_fault(qp, ctx, psn, f);
+        return false;
     }
-    Ok(())
+    rr.sent += 1;
+    if rr.sent < n {
+        qp.read_reply = Some(rr);
+        true
+    } else {
+        false
+    }
+}
+
+/// Hold a request that arrived while a READ reply is under way.
+pub(crate) fn defer_request<M>(qp: &mut Qp, ctx: &mut Ctx<M>, dg: &RxDatagram<'_>) {
+    if qp.deferred.len() >= MAX_DEFERRED {
+        ctx.counters.resp_deferred_drops += 1;
+        return;
+    }
+    qp.deferred.push_back(DeferredRequest {
+        src: dg.src,
+        dst: dg.dst,
+        src_port: dg.src_port,
+        dst_port: dg.dst_port,
+        payload: dg.payload.to_vec(),
+    });
+}
+
+/// Handle, in order, the requests held behind a READ reply that has
+/// ended, until one of them starts another READ reply.
+pub(crate) fn resume_deferred<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+    while qp.read_reply.is_none() {
+        let Some(d) = qp.deferred.pop_front() else {
+            return;
+        };
+        if !qp.can_receive() {
+            qp.deferred.clear();
+            return;
+        }
+        // It parsed when it arrived; the bytes are unchanged.
+        let Ok(pkt) = PacketRepr::parse(&d.payload) else {
+            continue;
+        };
+        let dg = RxDatagram {
+            src: d.src,
+            dst: d.dst,
+            src_port: d.src_port,
+            dst_port: d.dst_port,
+            ipv4_id: None,
+            payload: &d.payload,
+        };
+        on_request(qp, ctx, &pkt, &dg);
+    }
 }
 
 /// Take a receive WQE: from the SRQ if the QP has one, else the RQ.
@@ -165,11 +250,9 @@ fn has_recv<M>(qp: &Qp, ctx: &Ctx<M>) -> bool {
 pub(crate) fn on_request<M: Memory>(
     qp: &mut Qp,
     ctx: &mut Ctx<M>,
-    now: Instant,
     pkt: &PacketRepr<'_>,
     dg: &RxDatagram<'_>,
 ) {
-    let _ = now;
     if qp.state == QpState::Rtr && !qp.comm_est_sent {
         // IBTA 11.6.3.1: the first packet received in RTR establishes the
         // connection.
@@ -243,25 +326,34 @@ pub(crate) fn on_request<M: Memory>(
                 qp.resp_psn = psn.next();
             }
         }
-        Err(Fault::Fatal {
-            nak,
-            status,
-            event,
-            why,
-        }) => {
-            if qp.qp_type == QpType::Rc {
-                send_ack(qp, ctx, Syndrome::Nak(nak), psn);
-            }
-            if let Some(a) = qp.recv.take() {
-                let mut wc = WorkCompletion::new(a.wqe.wr_id, status, WcOpcode::Recv, qp.qpn);
-                wc.byte_len = a.offset as u32;
-                ctx.post_cq(qp.recv_cq, wc, false);
-            }
-            let why = format!("responder: {why}");
-            ctx.event(event, EventObject::Qp(qp.qpn), why.clone());
-            enter_error(qp, ctx, Some(why));
-        }
+        Err(f @ Fault::Fatal { .. }) => responder_fault(qp, ctx, psn, f),
     }
+}
+
+/// A fatal responder error at `psn` (IBTA classes C/D of 9.7.5.2): NAK it
+/// (RC), complete the receive in progress with the error, raise the
+/// event, and move the QP to ERR.
+fn responder_fault<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn, f: Fault) {
+    let Fault::Fatal {
+        nak,
+        status,
+        event,
+        why,
+    } = f
+    else {
+        return;
+    };
+    if qp.qp_type == QpType::Rc {
+        send_ack(qp, ctx, Syndrome::Nak(nak), psn);
+    }
+    if let Some(a) = qp.recv.take() {
+        let mut wc = WorkCompletion::new(a.wqe.wr_id, status, WcOpcode::Recv, qp.qpn);
+        wc.byte_len = a.offset as u32;
+        ctx.post_cq(qp.recv_cq, wc, false);
+    }
+    let why = format!("responder: {why}");
+    ctx.event(event, EventObject::Qp(qp.qpn), why.clone());
+    enter_error(qp, ctx, Some(why));
 }
 
 /// UC: forget a partially received message; its receive WQE is reused for
@@ -688,7 +780,7 @@ fn read_request<M: Memory>(
         return Err(invalid("READ request without RETH".into()));
     };
     let psn = pkt.bth.psn;
-    let host = if reth.dma_len > 0 {
+    if reth.dma_len > 0 {
         ctx.keys
             .check_remote(
                 qp.pd,
@@ -698,11 +790,8 @@ fn read_request<M: Memory>(
                 u64::from(reth.dma_len),
                 AccessFlags::REMOTE_READ,
             )
-            .map_err(|e| access(e, "RDMA READ"))?
-            .host_addr
-    } else {
-        0
-    };
+            .map_err(|e| access(e, "RDMA READ"))?;
+    }
     let npsn = reth.dma_len.div_ceil(qp.mtu).max(1);
     let last_psn = psn.add(npsn - 1);
     push_resource(
@@ -718,14 +807,21 @@ fn read_request<M: Memory>(
     qp.resp_psn = last_psn.next();
     qp.resp_opcode = None;
     qp.msn = (qp.msn + 1) & 0x00ff_ffff;
-    send_read_responses(qp, ctx, psn, psn, host, reth.dma_len).map_err(|m| {
-        fatal(
-            NakCode::RemoteOperationalError,
-            WcStatus::RemOpErr,
-            AsyncEventKind::QpFatal,
-            format!("READ data could not be read: {m}"),
-        )
-    })
+    let msn = qp.msn;
+    start_read_reply(
+        qp,
+        ctx,
+        ReadReply {
+            first_psn: psn,
+            start_psn: psn,
+            rkey: reth.rkey,
+            va: reth.va,
+            len: reth.dma_len,
+            sent: 0,
+            msn,
+        },
+    );
+    Ok(())
 }
 
 fn atomic_request<M: Memory>(
@@ -799,22 +895,35 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, fla
             if reth.rkey != rkey || reth.va < va || reth.va + u64::from(reth.dma_len) > end {
                 return;
             }
-            let host = if reth.dma_len > 0 {
-                match ctx.keys.check_remote(
-                    qp.pd,
-                    qp.qpn,
-                    reth.rkey,
-                    reth.va,
-                    u64::from(reth.dma_len),
-                    AccessFlags::REMOTE_READ,
-                ) {
-                    Ok(r) => r.host_addr,
-                    Err(_) => return,
-                }
-            } else {
-                0
-            };
-            let _ = send_read_responses(qp, ctx, first_psn, psn, host, reth.dma_len);
+            if reth.dma_len > 0
+                && ctx
+                    .keys
+                    .check_remote(
+                        qp.pd,
+                        qp.qpn,
+                        reth.rkey,
+                        reth.va,
+                        u64::from(reth.dma_len),
+                        AccessFlags::REMOTE_READ,
+                    )
+                    .is_err()
+            {
+                return;
+            }
+            let msn = qp.msn;
+            start_read_reply(
+                qp,
+                ctx,
+                ReadReply {
+                    first_psn,
+                    start_psn: psn,
+                    rkey: reth.rkey,
+                    va: reth.va,
+                    len: reth.dma_len,
+                    sent: 0,
+                    msn,
+                },
+            );
         }
         (Resource::Atomic { orig, .. }, _) if flags.contains(OpFlags::ATOMIC) => {
             send_atomic_ack(qp, ctx, psn, orig);

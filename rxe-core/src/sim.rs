@@ -61,6 +61,11 @@ pub struct LinkConfig {
     /// Deliver datagrams without their IPv4 ID, as a UDP socket does, so
     /// the receiver must solve for it to check the ICRC.
     pub hide_ipv4_id: bool,
+    /// At most this many datagrams leave each node per step (0: all it
+    /// has). A small burst models a driver that receives faster than it
+    /// sends, so requests reach a responder while its READ reply is still
+    /// being built.
+    pub tx_burst: usize,
 }
 
 impl LinkConfig {
@@ -74,6 +79,7 @@ impl LinkConfig {
             delay: Duration::from_micros(10),
             reorder_delay: Duration::from_micros(50),
             hide_ipv4_id: false,
+            tx_burst: 0,
         }
     }
 }
@@ -230,8 +236,15 @@ impl Network {
 
     /// Move every pending transmit onto the links.
     pub fn flush_transmits(&mut self) {
+        let burst = match self.link.tx_burst {
+            0 => usize::MAX,
+            b => b,
+        };
         for i in 0..self.nodes.len() {
-            while let Some(t) = self.nodes[i].poll_transmit() {
+            for _ in 0..burst {
+                let Some(t) = self.nodes[i].poll_transmit() else {
+                    break;
+                };
                 self.schedule(t);
             }
         }
@@ -254,7 +267,9 @@ impl Network {
             .filter_map(|(i, n)| n.poll_timeout().map(|t| (t, i)))
             .min();
         let deliver = match (next_pkt, next_timer) {
-            (None, None) => return false,
+            // Nothing in flight, no timer: done unless a node still has
+            // datagrams its burst left behind.
+            (None, None) => return self.nodes.iter().any(|n| n.has_transmit()),
             (Some(p), Some((t, _))) => p <= t,
             (Some(_), None) => true,
             (None, Some(_)) => false,

@@ -78,6 +78,13 @@ fn run_seed(seed: u64) -> Result<String, String> {
         reorder_delay: Duration::from_micros(100),
         // Half the seeds check ICRCs the way a UDP socket must (IP ID hidden).
         hide_ipv4_id: seed % 2 == 1,
+        // A third of the seeds send in small bursts, so requests wait
+        // behind READ replies under way.
+        tx_burst: if seed.is_multiple_of(3) {
+            1 + (seed / 3 % 4) as usize
+        } else {
+            0
+        },
     };
     let mtu = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096][rng.below(5) as usize];
     let m = mtu.bytes() as usize;

@@ -64,6 +64,9 @@ impl DeviceConfig {
 /// packets and timers waiting at most this long.
 const APP_POLL_GRACE: Duration = Duration::from_millis(1);
 
+/// The most responses a flush holds back (see [`Inner::flush_with`]).
+const HOLD_MAX: usize = 16;
+
 struct Faults {
     cfg: FaultConfig,
     rng: Rng,
@@ -125,6 +128,12 @@ struct ThreadGuard {
 
 impl Drop for ThreadGuard {
     fn drop(&mut self) {
+        // Responses a poll held back (the ACK of the last message received)
+        // leave now: the peer is waiting for them.
+        {
+            let mut e = self.inner.lock();
+            self.inner.flush(&mut e);
+        }
         self.inner.stop.store(true, Ordering::SeqCst);
         self.inner.wake();
         if let Some(h) = self.handle.lock().ok().and_then(|mut h| h.take()) {
@@ -176,38 +185,42 @@ impl Inner {
     /// are independent on the wire, IBTA 9.7). With `hold`, the responses
     /// are kept for a later flush instead: the latency-critical path of
     /// an application's poll or post_recv then carries no acknowledgement
-    /// syscall.
+    /// syscall. Only a few are ever held back: past [`HOLD_MAX`] (a READ
+    /// reply, a burst of ACKs) responses stream out as the engine builds
+    /// them, so a long READ reply starts leaving at once.
     pub(crate) fn flush_with(&self, eng: &mut Engine<HostMemory>, hold: bool) {
         let mut any = false;
         let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
         let had_deferred = !deferred.is_empty();
-        let mut responses = Vec::new();
+        let mut streaming = false;
         while let Some(t) = eng.poll_transmit() {
             any = true;
-            if is_response(&t.payload) {
-                responses.push(t);
+            if streaming || !is_response(&t.payload) {
+                self.transmit(eng, t);
+            } else if deferred.len() < HOLD_MAX {
+                deferred.push(t);
             } else {
+                streaming = true;
+                for h in std::mem::take(&mut *deferred) {
+                    self.transmit(eng, h);
+                }
                 self.transmit(eng, t);
             }
         }
-        if hold {
-            if !responses.is_empty() {
-                deferred.extend(responses);
-                // A progress thread in a long sleep would not send them if
-                // the application stops polling: wake it.
-                let until = self.sleeping_until.load(Ordering::Acquire);
-                let soon = (self.now() + APP_POLL_GRACE).as_nanos();
-                if until != 0 && until > soon {
-                    self.wake();
-                }
+        if hold && !deferred.is_empty() {
+            // A progress thread in a long sleep would not send them if the
+            // application stops polling: wake it.
+            let until = self.sleeping_until.load(Ordering::Acquire);
+            let soon = (self.now() + APP_POLL_GRACE).as_nanos();
+            if until != 0 && until > soon {
+                self.wake();
             }
         } else {
-            let held = std::mem::take(&mut *deferred);
-            drop(deferred);
-            for t in held.into_iter().chain(responses) {
+            for t in std::mem::take(&mut *deferred) {
                 self.transmit(eng, t);
             }
         }
+        drop(deferred);
         if any || had_deferred {
             self.after_transmit(eng);
         }

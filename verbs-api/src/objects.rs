@@ -454,7 +454,10 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let _ = self.dev.inner.lock().destroy_qp(self.qpn);
+        let mut e = self.dev.inner.lock();
+        let _ = e.destroy_qp(self.qpn);
+        // Responses a poll held back leave now (the peer waits for them).
+        self.dev.inner.flush(&mut e);
     }
 }
 
