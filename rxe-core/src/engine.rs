@@ -868,6 +868,7 @@ impl<M: Memory> Engine<M> {
             .get_mut(&qpn)
             .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
         let next = qp_attr::validate_transition(qp.qp_type, qp.state, mask, attr)?;
+        qp_attr::check_sqd_drain(qp.qp_type, qp.state, mask, next, qp.sq_draining)?;
         qp_attr::check_values(mask, attr, &caps, port_mtu)?;
         if mask.contains(QpAttrMask::AV) {
             let src = *self

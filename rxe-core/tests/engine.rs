@@ -897,6 +897,19 @@ fn sqd_drains_then_raises_sq_drained() {
             QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY,
         )
         .unwrap();
+    // While WR 1 drains, only ERR may be entered (kernel rxe_qp_chk_attr).
+    let back = n.node(0).modify_qp(
+        now,
+        a.qpn,
+        &QpAttr {
+            qp_state: Some(QpState::Rts),
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE,
+    );
+    let msg = back.expect_err("SQD -> RTS while draining").to_string();
+    assert!(msg.contains("drain"), "{msg}");
+    assert_eq!(n.node(0).qp_state(a.qpn), Some(QpState::Sqd));
     post(
         &mut n,
         &a,
