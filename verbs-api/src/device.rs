@@ -113,6 +113,54 @@ pub(crate) struct Inner {
     wake_rx: UnixDatagram,
 }
 
+/// Attributes of the device's one port (`ibv_query_port`, port 1), as kernel
+/// rxe reports them for the same netdev.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Always active: the device exists only while its socket is bound
+    /// (`IBV_PORT_ACTIVE`).
+    pub active: bool,
+    /// Largest MTU the port supports: 4096 (`RXE_PORT_MAX_MTU`).
+    pub max_mtu: Mtu,
+    /// Path MTU in use: the largest IB MTU <= netdev MTU - 80.
+    pub active_mtu: Mtu,
+    /// GID table size (`RXE_PORT_GID_TBL_LEN`, 1024); the entries in use
+    /// are [`Device::gid_table`].
+    pub gid_tbl_len: u32,
+    /// Largest message (`RXE_PORT_MAX_MSG_SZ`, 8 MiB on Linux 6.1).
+    pub max_msg_sz: u32,
+    /// P_Key table size: one entry, 0xffff (`RXE_PORT_PKEY_TBL_LEN`).
+    pub pkey_tbl_len: u16,
+    /// LID: 0, as on every RoCE port.
+    pub lid: u16,
+    /// Link layer: Ethernet (`IBV_LINK_LAYER_ETHERNET`), so programs use
+    /// GIDs, not LIDs.
+    pub link_layer_ethernet: bool,
+}
+
+/// The devices open in this process, in the order they were opened
+/// (`ibv_get_device_list` for in-process devices). A device stays listed
+/// until its last handle is dropped.
+pub fn device_list() -> Vec<Device> {
+    let mut reg = registry();
+    reg.retain(|(w, _)| w.strong_count() > 0);
+    reg.iter()
+        .filter_map(|(w, t)| {
+            Some(Device {
+                inner: w.upgrade()?,
+                _thread: t.upgrade()?,
+            })
+        })
+        .collect()
+}
+
+type Registry = Vec<(std::sync::Weak<Inner>, std::sync::Weak<ThreadGuard>)>;
+
+fn registry() -> MutexGuard<'static, Registry> {
+    static REG: Mutex<Registry> = Mutex::new(Vec::new());
+    REG.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// An open device. Cheap to clone; the progress thread stops when the last
 /// clone is dropped.
 #[derive(Clone)]
@@ -553,13 +601,37 @@ impl Device {
             .name(format!("rxe-emu {}", inner.cfg.name))
             .spawn(move || worker.progress_loop())
             .map_err(|e| Error::Io(e.to_string()))?;
-        Ok(Device {
+        let dev = Device {
             _thread: Arc::new(ThreadGuard {
                 inner: inner.clone(),
                 handle: Mutex::new(Some(handle)),
             }),
             inner,
-        })
+        };
+        registry().push((Arc::downgrade(&dev.inner), Arc::downgrade(&dev._thread)));
+        Ok(dev)
+    }
+
+    /// An open device of this process by name (`ibv_open_device` on an
+    /// entry of [`device_list`]); several devices may share a name, the
+    /// first opened wins.
+    pub fn by_name(name: &str) -> Option<Device> {
+        device_list().into_iter().find(|d| d.name() == name)
+    }
+
+    /// `ibv_query_port` for port 1.
+    pub fn query_port(&self) -> PortAttr {
+        let caps = self.query_device();
+        PortAttr {
+            active: true,
+            max_mtu: Mtu::M4096,
+            active_mtu: self.inner.mtu,
+            gid_tbl_len: caps.gid_table_len,
+            max_msg_sz: caps.max_msg_sz,
+            pkey_tbl_len: 1,
+            lid: 0,
+            link_layer_ethernet: true,
+        }
     }
 
     /// The device name.

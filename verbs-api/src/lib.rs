@@ -26,7 +26,7 @@ mod hostmem;
 mod objects;
 mod sys;
 
-pub use device::{gid_table, Device, DeviceConfig, FaultConfig};
+pub use device::{device_list, gid_table, Device, DeviceConfig, FaultConfig, PortAttr};
 pub use hostmem::HostMemory;
 pub use objects::{
     AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, SharedReceiveQueue,

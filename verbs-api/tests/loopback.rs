@@ -999,3 +999,29 @@ fn ack_held_by_a_poll_leaves_when_the_application_stops_polling() {
     );
     assert_eq!(b.dev.counters().duplicate_request, 0);
 }
+
+#[test]
+fn device_list_open_by_name_and_query_port() {
+    let mut cfg = DeviceConfig::new("127.0.16.1".parse().unwrap());
+    cfg.name = "rxe-list-test".into();
+    let dev = Device::open(cfg).unwrap();
+    let found = Device::by_name("rxe-list-test").expect("listed while open");
+    assert_eq!(found.addr(), dev.addr());
+    assert!(verbs_api::device_list()
+        .iter()
+        .any(|d| d.name() == "rxe-list-test"));
+    let port = dev.query_port();
+    assert!(port.active && port.link_layer_ethernet);
+    assert_eq!(port.active_mtu, Mtu::M4096); // loopback: netdev MTU 65536
+    assert_eq!(port.max_mtu, Mtu::M4096);
+    assert_eq!(
+        (port.gid_tbl_len, port.pkey_tbl_len, port.lid),
+        (1024, 1, 0)
+    );
+    drop(found);
+    drop(dev);
+    assert!(
+        Device::by_name("rxe-list-test").is_none(),
+        "gone once dropped"
+    );
+}
