@@ -4,7 +4,9 @@
 /// Device-wide counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// Packets sent (requests, responses, ACKs).
     pub sent_pkts: u64,
+    /// Packets received that passed the ICRC and parsed.
     pub rcvd_pkts: u64,
     /// Requests that arrived with an already-seen PSN (IBTA 9.7.5.1.1).
     pub duplicate_request: u64,
@@ -18,12 +20,15 @@ pub struct Counters {
     pub rcvd_seq_err: u64,
     /// ACKs the responder deferred (rxe-emu never defers; kept for parity).
     pub ack_deferred: u64,
+    /// Send queues that ran out of `retry_cnt` (RETRY_EXC_ERR).
     pub retry_exceeded_err: u64,
+    /// Send queues that ran out of `rnr_retry` (RNR_RETRY_EXC_ERR).
     pub retry_rnr_exceeded_err: u64,
     /// Times the completer restarted the send queue (go-back-N).
     pub completer_retry_err: u64,
     /// Packets that could not be built or sent.
     pub send_err: u64,
+    /// Link down events (always 0: the UDP socket has no link state).
     pub link_downed: u64,
     /// SEND packets received and placed.
     pub rdma_sends: u64,

@@ -32,6 +32,7 @@ pub struct EngineConfig {
     pub gids: Vec<IpAddr>,
     /// Active MTU of the port.
     pub port_mtu: Mtu,
+    /// Device limits reported by `query_device` and enforced by the engine.
     pub caps: DeviceCaps,
     /// QPNs are allocated from this inclusive range (kernel rxe starts at 0x11).
     pub qpn_range: (u32, u32),
@@ -56,29 +57,43 @@ impl EngineConfig {
 /// `struct ibv_qp_init_attr` as the engine needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInitAttr {
+    /// Protection domain of the QP.
     pub pd: PdHandle,
+    /// RC, UC or UD.
     pub qp_type: QpType,
+    /// CQ of send completions.
     pub send_cq: CqHandle,
+    /// CQ of receive completions.
     pub recv_cq: CqHandle,
+    /// Shared receive queue, if the QP takes receives from one.
     pub srq: Option<SrqHandle>,
+    /// Queue sizes; the engine may round them up, as `query_qp` reports.
     pub cap: QpCap,
+    /// Every send WR completes, whatever its SIGNALED flag.
     pub sq_sig_all: bool,
 }
 
 /// `struct ibv_srq_init_attr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqAttr {
+    /// Receive WRs the SRQ holds.
     pub max_wr: u32,
+    /// SGEs per receive WR.
     pub max_sge: u32,
+    /// SRQ_LIMIT_REACHED fires when fewer WRs than this remain (0: off).
     pub srq_limit: u32,
 }
 
 /// A received UDP datagram on port 4791.
 #[derive(Debug, Clone, Copy)]
 pub struct RxDatagram<'a> {
+    /// Sender IP address.
     pub src: IpAddr,
+    /// Our IP address the datagram was sent to.
     pub dst: IpAddr,
+    /// Sender UDP port.
     pub src_port: u16,
+    /// UDP destination port (4791).
     pub dst_port: u16,
     /// The IPv4 identification field when the driver saw the IP header (a
     /// capture, a raw socket, the simulator). `None` through a UDP socket,

@@ -22,6 +22,8 @@
 //! # let _ = (pd, cq, Instant::ZERO);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod caps;
 mod comp;
 mod counters;
@@ -73,24 +75,43 @@ pub struct AhHandle(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum AsyncEventKind {
+    /// `IBV_EVENT_CQ_ERR`: a CQ overran.
     CqErr = 0,
+    /// `IBV_EVENT_QP_FATAL`: the QP hit an error it cannot report in a WC.
     QpFatal = 1,
+    /// `IBV_EVENT_QP_REQ_ERR`: the responder saw an invalid request.
     QpReqErr = 2,
+    /// `IBV_EVENT_QP_ACCESS_ERR`: a remote access violation.
     QpAccessErr = 3,
+    /// `IBV_EVENT_COMM_EST`: the first packet arrived in RTR.
     CommEst = 4,
+    /// `IBV_EVENT_SQ_DRAINED`: a QP in SQD has no message in flight.
     SqDrained = 5,
+    /// `IBV_EVENT_PATH_MIG` (never raised: rxe has no alternate path).
     PathMig = 6,
+    /// `IBV_EVENT_PATH_MIG_ERR` (never raised).
     PathMigErr = 7,
+    /// `IBV_EVENT_DEVICE_FATAL`: the device is gone.
     DeviceFatal = 8,
+    /// `IBV_EVENT_PORT_ACTIVE`.
     PortActive = 9,
+    /// `IBV_EVENT_PORT_ERR`.
     PortErr = 10,
+    /// `IBV_EVENT_LID_CHANGE` (never raised on RoCE).
     LidChange = 11,
+    /// `IBV_EVENT_PKEY_CHANGE` (never raised).
     PkeyChange = 12,
+    /// `IBV_EVENT_SM_CHANGE` (never raised on RoCE).
     SmChange = 13,
+    /// `IBV_EVENT_SRQ_ERR`.
     SrqErr = 14,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the SRQ fell below its limit (the limit is then disarmed).
     SrqLimitReached = 15,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ entered ERR and takes no more WQEs.
     QpLastWqeReached = 16,
+    /// `IBV_EVENT_CLIENT_REREGISTER` (never raised).
     ClientReregister = 17,
+    /// `IBV_EVENT_GID_CHANGE`.
     GidChange = 18,
 }
 
@@ -124,18 +145,26 @@ impl AsyncEventKind {
 /// What an asynchronous event is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventObject {
+    /// A QP, by number.
     Qp(u32),
+    /// A CQ.
     Cq(CqHandle),
+    /// An SRQ.
     Srq(SrqHandle),
+    /// A port, by number (1).
     Port(u8),
+    /// The whole device.
     Device,
 }
 
 /// An asynchronous event, with the reason in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AsyncEvent {
+    /// What happened.
     pub kind: AsyncEventKind,
+    /// The object it happened to.
     pub object: EventObject,
+    /// Why, in words (for logs and for people learning RDMA).
     pub reason: String,
 }
 

@@ -36,9 +36,17 @@ impl std::error::Error for MemoryFault {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtomicOp {
     /// Compare and swap: if `*addr == compare` then `*addr = swap`.
-    CompareSwap { compare: u64, swap: u64 },
+    CompareSwap {
+        /// Value to compare with.
+        compare: u64,
+        /// Value stored if equal.
+        swap: u64,
+    },
     /// Fetch and add: `*addr += add` (wrapping).
-    FetchAdd { add: u64 },
+    FetchAdd {
+        /// Value added.
+        add: u64,
+    },
 }
 
 impl AtomicOp {

@@ -20,17 +20,27 @@ bitflags! {
     /// `enum ibv_access_flags`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct AccessFlags: u32 {
+        /// `IBV_ACCESS_LOCAL_WRITE`: receives and READ responses may write the region.
         const LOCAL_WRITE = 1;
+        /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA WRITE it.
         const REMOTE_WRITE = 1 << 1;
+        /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA READ it.
         const REMOTE_READ = 1 << 2;
+        /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may CAS/FAA on it.
         const REMOTE_ATOMIC = 1 << 3;
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to it.
         const MW_BIND = 1 << 4;
         /// Remote addresses are offsets from 0, not the registered address.
         const ZERO_BASED = 1 << 5;
+        /// `IBV_ACCESS_ON_DEMAND` (accepted and ignored: memory is always present).
         const ON_DEMAND = 1 << 6;
+        /// `IBV_ACCESS_HUGETLB` (accepted and ignored).
         const HUGETLB = 1 << 7;
+        /// `IBV_ACCESS_FLUSH_GLOBAL`.
         const FLUSH_GLOBAL = 1 << 8;
+        /// `IBV_ACCESS_FLUSH_PERSISTENT`.
         const FLUSH_PERSISTENT = 1 << 9;
+        /// `IBV_ACCESS_RELAXED_ORDERING` (accepted; ordering is always strict).
         const RELAXED_ORDERING = 1 << 20;
     }
 }
@@ -52,15 +62,20 @@ pub fn key_is_mw(key: u32) -> bool {
 /// A registered memory region.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mr {
+    /// Protection domain.
     pub pd: PdHandle,
+    /// Local key, for SGEs.
     pub lkey: u32,
+    /// Remote key, for peers (RETH, AtomicETH).
     pub rkey: u32,
     /// Start of the region in the backend's address space.
     pub host_addr: u64,
     /// Start of the region in the address space keys refer to: `host_addr`,
     /// or 0 for a `ZERO_BASED` registration.
     pub iova: u64,
+    /// Length in bytes.
     pub length: u64,
+    /// Access flags granted.
     pub access: AccessFlags,
     /// Number of memory windows bound to this MR; it cannot be deregistered
     /// while any is (kernel: `-EINVAL` from dereg with `num_mw > 0`).
@@ -90,16 +105,23 @@ pub enum MwState {
 /// A memory window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mw {
+    /// Protection domain.
     pub pd: PdHandle,
+    /// Type 1 (bound with `bind_mw`) or type 2 (bound by a BIND_MW WR).
     pub mw_type: MwType,
+    /// Remote key, for peers (RETH, AtomicETH).
     pub rkey: u32,
+    /// Valid, free or invalid.
     pub state: MwState,
     /// lkey of the MR the window is bound to.
     pub mr_lkey: Option<u32>,
     /// QP a type 2 window is bound to.
     pub qpn: Option<u32>,
+    /// Start of the bound range (remote address space).
     pub addr: u64,
+    /// Length in bytes.
     pub length: u64,
+    /// Access flags granted.
     pub access: AccessFlags,
 }
 
@@ -112,12 +134,22 @@ pub enum KeyError {
     PdMismatch(u32),
     /// The object does not grant the access needed.
     AccessDenied {
+        /// The key used.
         key: u32,
+        /// The access the operation needs.
         needed: AccessFlags,
+        /// The access the object grants.
         granted: AccessFlags,
     },
     /// The range is not inside the object.
-    OutOfBounds { key: u32, addr: u64, len: u64 },
+    OutOfBounds {
+        /// The key used.
+        key: u32,
+        /// Start of the range asked for.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
     /// A window that is not bound, or bound to another QP.
     WindowNotUsable(u32),
 }
@@ -155,7 +187,9 @@ impl fmt::Display for KeyError {
 /// A checked range, ready for the memory backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostRange {
+    /// Start in the memory backend.
     pub host_addr: u64,
+    /// Length in bytes.
     pub len: u64,
 }
 

@@ -47,7 +47,9 @@ impl Rng {
 /// Link behaviour. Probabilities are per datagram.
 #[derive(Debug, Clone, Copy)]
 pub struct LinkConfig {
+    /// Probability a datagram is lost.
     pub loss: f64,
+    /// Probability a datagram arrives twice.
     pub duplicate: f64,
     /// Probability that a datagram is held back by an extra delay, so later
     /// ones overtake it.
@@ -87,10 +89,15 @@ impl LinkConfig {
 /// What the links did, for assertions and reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkStats {
+    /// Datagrams the nodes sent.
     pub sent: u64,
+    /// Datagrams delivered to a node.
     pub delivered: u64,
+    /// Datagrams dropped by the link.
     pub lost: u64,
+    /// Datagrams delivered twice.
     pub duplicated: u64,
+    /// Datagrams held back so later ones overtook them.
     pub reordered: u64,
     /// Datagrams with a flipped bit that the ICRC covers.
     pub corrupted: u64,
@@ -98,6 +105,7 @@ pub struct LinkStats {
     /// which the ICRC masks out by design (IBTA A17.4.5.1): they arrive as
     /// valid packets.
     pub corrupted_masked: u64,
+    /// Datagrams to an address no node has.
     pub unroutable: u64,
 }
 
@@ -323,26 +331,38 @@ impl Network {
 /// One end of a connection in a testbed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpEnd {
+    /// Index of the node in the network.
     pub node: usize,
+    /// QP number.
     pub qpn: u32,
+    /// Its protection domain.
     pub pd: crate::PdHandle,
+    /// Its send CQ.
     pub send_cq: crate::CqHandle,
+    /// Its receive CQ.
     pub recv_cq: crate::CqHandle,
 }
 
 /// Connection parameters for [`Network::connect`].
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectOpts {
+    /// Path MTU of both sides.
     pub mtu: crate::Mtu,
     /// Local ACK timeout exponent (4.096 µs × 2^timeout).
     pub timeout: u8,
+    /// Transport retries (7: forever).
     pub retry_cnt: u8,
+    /// RNR retries (7: forever).
     pub rnr_retry: u8,
+    /// RNR timer code the responders advertise.
     pub min_rnr_timer: u8,
+    /// Outstanding READ/atomic requests each way.
     pub max_rd_atomic: u8,
+    /// Remote access flags of both QPs.
     pub access: crate::AccessFlags,
     /// First PSN of side A and side B (to test wrap-around).
     pub psn_a: u32,
+    /// First PSN of side B.
     pub psn_b: u32,
 }
 

@@ -13,8 +13,11 @@ use crate::AhHandle;
 /// One scatter/gather element: `length` bytes at `addr`, covered by the MR `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
+    /// Start address (in the MR's address space).
     pub addr: u64,
+    /// Length in bytes.
     pub length: u32,
+    /// Local key of the MR covering the range.
     pub lkey: u32,
 }
 
@@ -51,49 +54,75 @@ pub struct MwBindInfo {
 /// What a send work request does, with its operation-specific fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
+    /// `IBV_WR_SEND` / `IBV_WC_SEND`.
     Send,
     /// `imm` is the 32-bit value carried in ImmDt, as it appears on the wire
     /// read big-endian.
     SendWithImm {
+        /// Immediate data.
         imm: u32,
     },
     /// Send and invalidate `rkey` at the responder (IBTA 9.4.1.1 SEND with Invalidate).
     SendWithInv {
+        /// Remote key.
         rkey: u32,
     },
+    /// `IBV_WR_RDMA_WRITE` / `IBV_WC_RDMA_WRITE`.
     RdmaWrite {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
     },
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`: a WRITE that also consumes a receive at the peer.
     RdmaWriteWithImm {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// Immediate data.
         imm: u32,
     },
+    /// `IBV_WR_RDMA_READ` / `IBV_WC_RDMA_READ`.
     RdmaRead {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
     },
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: 8 aligned bytes; the original value lands in the SGE.
     AtomicCmpSwp {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// Value to compare with.
         compare: u64,
+        /// Value to store if equal.
         swap: u64,
     },
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`: 8 aligned bytes; the original value lands in the SGE.
     AtomicFetchAdd {
+        /// Remote address.
         remote_addr: u64,
+        /// Remote key.
         rkey: u32,
+        /// Value to add (wrapping).
         add: u64,
     },
     /// Invalidate a local key (a type 2 memory window).
     LocalInv {
+        /// The key to invalidate.
         rkey: u32,
     },
     /// Bind a type 2 memory window; the window's key becomes
     /// `(mw_rkey & !0xff) | new_key`.
     BindMw {
+        /// Current rkey of the window.
         mw_rkey: u32,
+        /// New key byte.
         new_key: u8,
+        /// What to bind: MR, range and access.
         bind: MwBindInfo,
     },
 }
@@ -184,7 +213,9 @@ impl SendOp {
 /// Destination of a UD send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdDest {
+    /// Address handle of the destination.
     pub ah: AhHandle,
+    /// Destination QP number.
     pub remote_qpn: u32,
     /// When the high bit is set the QP's own Q_Key is used (IBTA 10.2.5).
     pub remote_qkey: u32,
@@ -193,9 +224,13 @@ pub struct UdDest {
 /// A send work request (`struct ibv_send_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
+    /// Caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// Operation.
     pub op: SendOp,
+    /// Scatter/gather list.
     pub sg_list: Vec<Sge>,
+    /// SIGNALED, FENCE, SOLICITED, INLINE.
     pub flags: SendFlags,
     /// Required for UD QPs, ignored otherwise.
     pub ud: Option<UdDest>,
@@ -217,7 +252,9 @@ impl SendWr {
 /// A receive work request (`struct ibv_recv_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
+    /// Caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// Scatter/gather list.
     pub sg_list: Vec<Sge>,
 }
 
@@ -225,27 +262,49 @@ pub struct RecvWr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
     Success = 0,
+    /// `IBV_WC_LOC_LEN_ERR`: a message longer than the receive buffer, or over the MTU (UD).
     LocLenErr = 1,
+    /// `IBV_WC_LOC_QP_OP_ERR`: an operation the QP cannot do.
     LocQpOpErr = 2,
+    /// `IBV_WC_LOC_EEC_OP_ERR` (RD; never produced).
     LocEecOpErr = 3,
+    /// `IBV_WC_LOC_PROT_ERR`: an SGE outside its MR or with a wrong lkey.
     LocProtErr = 4,
+    /// `IBV_WC_WR_FLUSH_ERR`: flushed because the QP is in ERR.
     WrFlushErr = 5,
+    /// `IBV_WC_MW_BIND_ERR`.
     MwBindErr = 6,
+    /// `IBV_WC_BAD_RESP_ERR`: an unexpected response opcode.
     BadRespErr = 7,
+    /// `IBV_WC_LOC_ACCESS_ERR`: the responder could not write the receive buffer.
     LocAccessErr = 8,
+    /// `IBV_WC_REM_INV_REQ_ERR`: the peer found the request invalid.
     RemInvReqErr = 9,
+    /// `IBV_WC_REM_ACCESS_ERR`: the peer refused the rkey, range or access.
     RemAccessErr = 10,
+    /// `IBV_WC_REM_OP_ERR`: the peer could not complete the operation.
     RemOpErr = 11,
+    /// `IBV_WC_RETRY_EXC_ERR`: no ACK after `retry_cnt` retries.
     RetryExcErr = 12,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: the peer had no receive posted after `rnr_retry` retries.
     RnrRetryExcErr = 13,
+    /// `IBV_WC_LOC_RDD_VIOL_ERR` (RD; never produced).
     LocRddViolErr = 14,
+    /// `IBV_WC_REM_INV_RD_REQ_ERR` (RD; never produced).
     RemInvRdReqErr = 15,
+    /// `IBV_WC_REM_ABORT_ERR`.
     RemAbortErr = 16,
+    /// `IBV_WC_INV_EECN_ERR` (RD; never produced).
     InvEecnErr = 17,
+    /// `IBV_WC_INV_EEC_STATE_ERR` (RD; never produced).
     InvEecStateErr = 18,
+    /// `IBV_WC_FATAL_ERR`.
     FatalErr = 19,
+    /// `IBV_WC_RESP_TIMEOUT_ERR`.
     RespTimeoutErr = 20,
+    /// `IBV_WC_GENERAL_ERR`.
     GeneralErr = 21,
 }
 
@@ -317,14 +376,23 @@ impl fmt::Display for WcStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum WcOpcode {
+    /// `IBV_WR_SEND` / `IBV_WC_SEND`.
     Send = 0,
+    /// `IBV_WR_RDMA_WRITE` / `IBV_WC_RDMA_WRITE`.
     RdmaWrite = 1,
+    /// `IBV_WR_RDMA_READ` / `IBV_WC_RDMA_READ`.
     RdmaRead = 2,
+    /// `IBV_WC_COMP_SWAP`.
     CompSwap = 3,
+    /// `IBV_WC_FETCH_ADD`.
     FetchAdd = 4,
+    /// `IBV_WC_BIND_MW`.
     BindMw = 5,
+    /// `IBV_WC_LOCAL_INV`.
     LocalInv = 6,
+    /// `IBV_WC_RECV`: a SEND arrived into a receive WR.
     Recv = 128,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: a WRITE with immediate consumed a receive WR.
     RecvRdmaWithImm = 129,
 }
 
@@ -334,8 +402,11 @@ bitflags! {
     pub struct WcFlags: u32 {
         /// The first 40 bytes of the receive buffer hold the network header.
         const GRH = 1;
+        /// `imm_data` is valid.
         const WITH_IMM = 2;
+        /// `IBV_WC_IP_CSUM_OK` (never set).
         const IP_CSUM_OK = 4;
+        /// `invalidated_rkey` is valid.
         const WITH_INV = 8;
     }
 }
@@ -343,21 +414,33 @@ bitflags! {
 /// A work completion (`struct ibv_wc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
+    /// Caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// Success or why not.
     pub status: WcStatus,
+    /// What completed.
     pub opcode: WcOpcode,
+    /// Vendor error code (0).
     pub vendor_err: u32,
+    /// Bytes received (receive completions) or transferred.
     pub byte_len: u32,
     /// ImmDt as read big-endian from the wire (valid with `WITH_IMM`).
     pub imm_data: u32,
     /// The invalidated rkey (valid with `WITH_INV`).
     pub invalidated_rkey: u32,
+    /// Local QP number.
     pub qp_num: u32,
+    /// Source QP number (UD receives).
     pub src_qp: u32,
+    /// Which optional fields are valid.
     pub wc_flags: WcFlags,
+    /// P_Key index (0).
     pub pkey_index: u16,
+    /// Source LID (0 on RoCE).
     pub slid: u16,
+    /// Service level (0).
     pub sl: u8,
+    /// DLID path bits (0 on RoCE).
     pub dlid_path_bits: u8,
 }
 

@@ -22,6 +22,8 @@ use crate::{Error, Result};
 /// must survive a bad network.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FaultConfig {
+    /// Seed of the fault generator: the same seed gives the same faults
+    /// for the same sequence of datagrams.
     pub seed: u64,
     /// Probability a datagram is dropped.
     pub loss: f64,
