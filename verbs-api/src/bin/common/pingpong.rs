@@ -67,6 +67,21 @@ pub fn parse_args(default_size: usize) -> Args {
             "-m" | "--mtu" => a.mtu = num(val()) as u32,
             "-g" | "--gid-idx" => a.gidx = Some(num(val()) as u8),
             "--ip" => ip = Some(val()),
+            "-h" | "--help" => {
+                let me = std::env::args().next().unwrap_or_default();
+                println!(
+                    "usage: {me} [options] [server]   (start the server first, then the client naming it)\n\
+                     \x20 --ip ADDR         local address of the device (UDP 4791 on it; default 127.0.0.1, client 127.0.0.2)\n\
+                     \x20 -p, --port N      TCP port of the QPN/PSN/GID exchange (default 18515)\n\
+                     \x20 -s, --size N      message size (default {default_size})\n\
+                     \x20 -n, --iters N     number of exchanges (default 1000)\n\
+                     \x20 -r, --rx-depth N  receives kept posted (default 500)\n\
+                     \x20 -m, --mtu N       path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)\n\
+                     \x20 -g, --gid-idx N   local GID index (default: the device's address)\n\
+                     \x20 -d, -i, -l        accepted for ibv_*_pingpong compatibility and ignored"
+                );
+                exit(0);
+            }
             "-d" | "--ib-dev" | "-i" | "--ib-port" | "-l" | "--sl" => {}
             s if !s.starts_with('-') => a.server = Some(s.to_string()),
             s => die(format!("unknown option {s}")),
