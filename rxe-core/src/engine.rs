@@ -38,6 +38,13 @@ pub struct EngineConfig {
     pub qpn_range: (u32, u32),
     /// Seed for key bytes, so runs are reproducible.
     pub key_seed: u64,
+    /// MR and MW key indices this engine allocates from (kernel rxe's
+    /// ranges unless the device is shared between engines).
+    pub key_space: crate::mr::KeySpace,
+    /// The first QPN handed out (within `qpn_range`); a shared device
+    /// moves it on each time a slot changes owner, so a late packet for
+    /// the previous owner's QP finds no QP of the new one.
+    pub qpn_first: Option<u32>,
 }
 
 impl EngineConfig {
@@ -50,6 +57,8 @@ impl EngineConfig {
             caps: DeviceCaps::default(),
             qpn_range: (0x11, 0x00ff_fffe),
             key_seed: 0x5eed,
+            key_space: crate::mr::KeySpace::default(),
+            qpn_first: None,
         }
     }
 }
@@ -208,13 +217,17 @@ impl<M: Memory> Engine<M> {
     /// A new engine owning the memory backend.
     pub fn new(cfg: EngineConfig, mem: M) -> Self {
         let seed = cfg.key_seed;
-        let next_qpn = cfg.qpn_range.0;
+        let (lo, hi) = cfg.qpn_range;
+        let next_qpn = cfg
+            .qpn_first
+            .filter(|q| (lo..=hi).contains(q))
+            .unwrap_or(lo);
         Engine {
             qps: HashMap::new(),
             timers: std::collections::BTreeSet::new(),
             ctx: Ctx {
                 mem,
-                keys: KeyTable::new(seed),
+                keys: KeyTable::with_space(seed, cfg.key_space),
                 cqs: HashMap::new(),
                 srqs: HashMap::new(),
                 ahs: HashMap::new(),
@@ -562,6 +575,32 @@ impl<M: Memory> Engine<M> {
     /// The next CQ whose armed notification fired.
     pub fn poll_cq_notification(&mut self) -> Option<CqHandle> {
         self.ctx.notify.pop_front()
+    }
+
+    /// The device is gone (its driver lost the network or its daemon):
+    /// raise `DEVICE_FATAL` with `reason`, move every QP to ERR (their
+    /// work requests complete with WR_FLUSH_ERR) and stop every timer.
+    pub fn fail_device(&mut self, reason: &str) {
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                if qp.state != QpState::Err {
+                    crate::req::enter_error(
+                        qp,
+                        &mut self.ctx,
+                        Some(format!("device failed: {reason}")),
+                    );
+                }
+                qp.retrans_deadline = None;
+                qp.rnr_deadline = None;
+            }
+            self.reindex(qpn);
+        }
+        self.ctx.event(
+            AsyncEventKind::DeviceFatal,
+            EventObject::Device,
+            format!("the device failed: {reason}"),
+        );
     }
 
     /// The next asynchronous event.

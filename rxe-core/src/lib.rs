@@ -50,7 +50,7 @@ pub use engine::{
     gid_to_ip, ip_to_gid, AhAttrs, Engine, EngineConfig, QpInitAttr, RxDatagram, SrqAttr, Transmit,
 };
 pub use error::{Error, Result};
-pub use mr::{AccessFlags, MwType};
+pub use mr::{AccessFlags, KeySpace, MwType};
 pub use qp_attr::{AhAttr, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 pub use time::Instant;
 pub use wr::{

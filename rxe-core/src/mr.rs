@@ -54,9 +54,64 @@ pub const MIN_MW_INDEX: u32 = 0x0001_0001;
 /// Last MW index (kernel `RXE_MAX_MW_INDEX`).
 pub const MAX_MW_INDEX: u32 = 0x0002_0000;
 
-/// Whether an rkey names a memory window (kernel `rkey_is_mw`).
+/// Whether an rkey names a memory window in kernel rxe's index ranges
+/// (kernel `rkey_is_mw`). A table with another [`KeySpace`] answers with
+/// [`KeySpace::is_mw`].
 pub fn key_is_mw(key: u32) -> bool {
-    (MIN_MW_INDEX..=MAX_MW_INDEX).contains(&(key >> 8))
+    KeySpace::default().is_mw(key)
+}
+
+/// The MR and MW key indices (`key >> 8`) a table allocates from.
+///
+/// One engine owns a whole device by default and uses kernel rxe's ranges.
+/// When several engines share one device (the daemon gives each client
+/// process a slot), each gets a disjoint space, so a key one process hands
+/// out can never name another process's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySpace {
+    /// First MR index.
+    pub mr_first: u32,
+    /// Last MR index.
+    pub mr_last: u32,
+    /// First MW index.
+    pub mw_first: u32,
+    /// Last MW index.
+    pub mw_last: u32,
+}
+
+impl Default for KeySpace {
+    /// Kernel rxe's ranges.
+    fn default() -> Self {
+        KeySpace {
+            mr_first: MIN_MR_INDEX,
+            mr_last: MAX_MR_INDEX,
+            mw_first: MIN_MW_INDEX,
+            mw_last: MAX_MW_INDEX,
+        }
+    }
+}
+
+impl KeySpace {
+    /// The space of slot `slot` (1..=63) of a shared device: indices
+    /// `slot << 18 | i`, MRs with `i` in 1..=0x1ffff, MWs in
+    /// 0x20000..=0x3ffff (131071 of each). Slot 0 is kernel rxe's ranges.
+    pub fn for_slot(slot: u32) -> KeySpace {
+        if slot == 0 || slot > 63 {
+            return KeySpace::default();
+        }
+        let base = slot << 18;
+        KeySpace {
+            mr_first: base | 1,
+            mr_last: base | 0x1_ffff,
+            mw_first: base | 0x2_0000,
+            mw_last: base | 0x3_ffff,
+        }
+    }
+
+    /// Whether `key` names a memory window of this space.
+    pub fn is_mw(&self, key: u32) -> bool {
+        (self.mw_first..=self.mw_last).contains(&(key >> 8))
+    }
 }
 
 /// A registered memory region.
@@ -205,6 +260,7 @@ pub struct KeyTable {
     next_mr_index: u32,
     next_mw_index: u32,
     key_state: u64,
+    space: KeySpace,
 }
 
 fn in_bounds(start: u64, length: u64, addr: u64, len: u64) -> bool {
@@ -215,14 +271,21 @@ fn in_bounds(start: u64, length: u64, addr: u64, len: u64) -> bool {
 }
 
 impl KeyTable {
-    /// An empty table; `seed` makes the key bytes deterministic.
+    /// An empty table with kernel rxe's index ranges; `seed` makes the key
+    /// bytes deterministic.
     pub fn new(seed: u64) -> Self {
+        Self::with_space(seed, KeySpace::default())
+    }
+
+    /// An empty table allocating from `space`.
+    pub fn with_space(seed: u64, space: KeySpace) -> Self {
         KeyTable {
             mrs: HashMap::new(),
             mws: HashMap::new(),
-            next_mr_index: MIN_MR_INDEX,
-            next_mw_index: MIN_MW_INDEX,
+            next_mr_index: space.mr_first,
+            next_mw_index: space.mw_first,
             key_state: seed | 1,
+            space,
         }
     }
 
@@ -267,9 +330,8 @@ impl KeyTable {
         access: AccessFlags,
     ) -> Option<&Mr> {
         let mrs = &self.mrs;
-        let idx = Self::alloc_index(&mut self.next_mr_index, MIN_MR_INDEX, MAX_MR_INDEX, |i| {
-            mrs.contains_key(&i)
-        })?;
+        let (lo, hi) = (self.space.mr_first, self.space.mr_last);
+        let idx = Self::alloc_index(&mut self.next_mr_index, lo, hi, |i| mrs.contains_key(&i))?;
         let key = (idx << 8) | self.next_key_byte();
         let iova = if access.contains(AccessFlags::ZERO_BASED) {
             0
@@ -358,9 +420,8 @@ impl KeyTable {
     /// Allocate a memory window.
     pub fn alloc_mw(&mut self, pd: PdHandle, mw_type: MwType) -> Option<u32> {
         let mws = &self.mws;
-        let idx = Self::alloc_index(&mut self.next_mw_index, MIN_MW_INDEX, MAX_MW_INDEX, |i| {
-            mws.contains_key(&i)
-        })?;
+        let (lo, hi) = (self.space.mw_first, self.space.mw_last);
+        let idx = Self::alloc_index(&mut self.next_mw_index, lo, hi, |i| mws.contains_key(&i))?;
         let rkey = (idx << 8) | self.next_key_byte();
         self.mws.insert(
             idx,
@@ -519,7 +580,7 @@ impl KeyTable {
     /// only type 2 windows can be invalidated this way: user MRs are not
     /// fast-registration MRs, so invalidating one is an error.
     pub fn invalidate(&mut self, rkey: u32, qpn: u32, qp_pd: PdHandle) -> Result<(), String> {
-        if !key_is_mw(rkey) {
+        if !self.space.is_mw(rkey) {
             return if self.mr(rkey).is_some() {
                 Err(format!(
                     "rkey {rkey:#x} names a user MR; only type 2 memory windows can be invalidated"
@@ -597,7 +658,7 @@ impl KeyTable {
         len: u64,
         needed: AccessFlags,
     ) -> Result<HostRange, KeyError> {
-        if key_is_mw(rkey) {
+        if self.space.is_mw(rkey) {
             let w = self.mw(rkey).ok_or(KeyError::UnknownKey(rkey))?;
             if w.state != MwState::Valid {
                 return Err(KeyError::WindowNotUsable(rkey));

@@ -2,7 +2,7 @@
 //! progress thread that feeds it packets and timers.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
@@ -111,6 +111,11 @@ pub(crate) struct Inner {
     pub(crate) last_app_poll: std::sync::atomic::AtomicU64,
     /// The progress thread sleeps because an application polls.
     spin_sleeping: AtomicBool,
+    /// The daemon connection of a daemon device; end-of-file on it means
+    /// the daemon is gone.
+    control: Option<std::os::unix::net::UnixStream>,
+    /// Why the device failed, once it has.
+    pub(crate) failed: Mutex<Option<String>>,
     wake_tx: UnixDatagram,
     wake_rx: UnixDatagram,
 }
@@ -161,6 +166,43 @@ type Registry = Vec<(std::sync::Weak<Inner>, std::sync::Weak<ThreadGuard>)>;
 fn registry() -> MutexGuard<'static, Registry> {
     static REG: Mutex<Registry> = Mutex::new(Vec::new());
     REG.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Open device `name` as the environment says (`RXE_EMU_MODE`):
+///
+/// - `daemon`: the device of the `rxe-emud` at `$RXE_EMU_SOCKET` (or the
+///   user's default socket); an error if it is not running.
+/// - `inprocess`: an in-process device on `$RXE_EMU_ADDR`, or `fallback`.
+/// - unset (the default): the daemon's device if `rxe-emud` answers,
+///   else in-process as above.
+pub fn open_device(name: &str, fallback: IpAddr) -> Result<Device> {
+    let mode = std::env::var("RXE_EMU_MODE").unwrap_or_default();
+    let in_process = || {
+        let addr = match std::env::var("RXE_EMU_ADDR") {
+            Ok(a) if !a.is_empty() => a
+                .parse()
+                .map_err(|_| Error::Config(format!("RXE_EMU_ADDR={a:?} is not an IP address")))?,
+            _ => fallback,
+        };
+        let mut cfg = DeviceConfig::new(addr);
+        cfg.name = name.to_string();
+        Device::open(cfg)
+    };
+    match mode.as_str() {
+        "daemon" => Device::open_daemon(name, None),
+        "inprocess" => in_process(),
+        "" => {
+            let path = emulator_daemon::default_socket_path();
+            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                Device::open_daemon(name, None)
+            } else {
+                in_process()
+            }
+        }
+        m => Err(Error::Config(format!(
+            "RXE_EMU_MODE={m:?}: expected daemon or inprocess"
+        ))),
+    }
 }
 
 /// An open device. Cheap to clone; the progress thread stops when the last
@@ -440,12 +482,69 @@ impl Inner {
         (polled != 0 && now < until).then_some(until)
     }
 
+    /// Whether the daemon connection ended (or sent something it should
+    /// not): then fail the device once.
+    fn check_control(&self) {
+        let Some(c) = &self.control else { return };
+        if self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return;
+        }
+        let mut b = [0u8; 64];
+        let gone = match (&*c).read(&mut b) {
+            Ok(_) => true, // end-of-file, or a message we never expect
+            Err(e) => {
+                e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted
+            }
+        };
+        if gone {
+            let why =
+                "rxe-emud, which hosts this device, stopped or closed the connection".to_string();
+            *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+            let mut e = self.lock();
+            e.fail_device(&why);
+            self.flush(&mut e);
+        }
+    }
+
+    /// The fds to wait on: socket, wake pipe, and the daemon connection
+    /// until it has ended (after that it is always readable).
+    fn watched<'f>(&self, fds: &'f [std::os::fd::RawFd]) -> &'f [std::os::fd::RawFd] {
+        if self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            &fds[..2]
+        } else {
+            fds
+        }
+    }
+
+    /// `Err` once the device has failed (its daemon is gone).
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        match &*self.failed.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(why) => Err(Error::Io(format!("device {}: {why}", self.cfg.name))),
+            None => Ok(()),
+        }
+    }
+
     fn progress_loop(self: Arc<Self>) {
         let mut buf = vec![0u8; 65536];
         let mut wbuf = [0u8; 64];
-        let fds = [self.socket.as_raw_fd(), self.wake_rx.as_raw_fd()];
+        let mut fds = vec![self.socket.as_raw_fd(), self.wake_rx.as_raw_fd()];
+        if let Some(c) = &self.control {
+            fds.push(c.as_raw_fd());
+        }
+        let fds = fds;
         while !self.stop.load(Ordering::SeqCst) {
             while self.wake_rx.recv(&mut wbuf).is_ok() {}
+            self.check_control();
             // While an application spins on poll it reads the socket, fires
             // timers and sends held responses itself: stay off the core and
             // the lock (a wake preempts a spinning thread on a small
@@ -457,7 +556,7 @@ impl Inner {
                 // saw no flag and sent no wake: check again after it.
                 if self.app_spinning(self.now()).is_some() && !self.stop.load(Ordering::SeqCst) {
                     let wait = until.saturating_duration_since(self.now());
-                    crate::sys::wait_readable(&fds[1..], Some(wait));
+                    crate::sys::wait_readable(&self.watched(&fds)[1..], Some(wait));
                 }
                 self.spin_sleeping.store(false, Ordering::SeqCst);
                 continue;
@@ -488,7 +587,7 @@ impl Inner {
             // A deadline set after `deadline` was read but before
             // `sleeping_until` was published did not wake us: look once more.
             if self.lock().poll_timeout().is_none_or(|d| d >= now + wait) {
-                crate::sys::wait_readable(&fds, Some(wait));
+                crate::sys::wait_readable(self.watched(&fds), Some(wait));
             }
             self.sleeping_until.store(0, Ordering::Release);
         }
@@ -558,6 +657,57 @@ impl Device {
                 wire::ROCEV2_UDP_PORT
             ))
         })?;
+        let mut ecfg = EngineConfig::new(cfg.addr);
+        ecfg.key_seed = std::process::id() as u64 ^ 0x5eed;
+        Self::start(cfg, mtu, socket, ecfg, None)
+    }
+
+    /// Open device `name` of the `rxe-emud` daemon listening at `socket`
+    /// (default: [`emulator_daemon::default_socket_path`]). The daemon
+    /// gives this process a slot of the device: the UDP socket its QPNs
+    /// are steered to, a QPN range and a key space of its own. The engine
+    /// runs here, on this process's memory; other processes that open the
+    /// same device reach these QPs as they would on kernel rxe. If the
+    /// daemon stops, the device raises `DEVICE_FATAL` and every QP goes to
+    /// ERR.
+    pub fn open_daemon(name: &str, socket: Option<&std::path::Path>) -> Result<Device> {
+        let path = socket.map_or_else(emulator_daemon::default_socket_path, |p| p.to_path_buf());
+        let o = emulator_daemon::client::open(&path, name).map_err(Error::Io)?;
+        let info = o.info;
+        let cfg = DeviceConfig {
+            addr: info.addr,
+            name: info.name.clone(),
+            netdev_mtu: info.netdev_mtu,
+            fault: None,
+        };
+        let mtu = Mtu::for_netdev_mtu(cfg.netdev_mtu).ok_or_else(|| {
+            Error::Config(format!(
+                "netdev MTU {} is too small for RoCEv2 (needs 336)",
+                cfg.netdev_mtu
+            ))
+        })?;
+        if info.addr.is_ipv4() {
+            crate::sys::set_dont_fragment(o.socket.as_raw_fd())
+                .map_err(|e| Error::Io(format!("slot socket: {e}")))?;
+        }
+        let mut ecfg = EngineConfig::new(cfg.addr);
+        ecfg.key_seed = info.key_seed;
+        ecfg.qpn_range = (info.qpn_lo, info.qpn_hi);
+        ecfg.qpn_first = Some(info.qpn_first);
+        ecfg.key_space = rxe_core::KeySpace::for_slot(info.slot);
+        o.control
+            .set_nonblocking(true)
+            .map_err(|e| Error::Io(e.to_string()))?;
+        Self::start(cfg, mtu, o.socket, ecfg, Some(o.control))
+    }
+
+    fn start(
+        cfg: DeviceConfig,
+        mtu: Mtu,
+        socket: UdpSocket,
+        mut ecfg: EngineConfig,
+        control: Option<std::os::unix::net::UnixStream>,
+    ) -> Result<Device> {
         let (wake_tx, wake_rx) = UnixDatagram::pair().map_err(|e| Error::Io(e.to_string()))?;
         let (event_tx, event_rx) = UnixDatagram::pair().map_err(|e| Error::Io(e.to_string()))?;
         event_tx
@@ -569,10 +719,8 @@ impl Device {
         wake_tx
             .set_nonblocking(true)
             .map_err(|e| Error::Io(e.to_string()))?;
-        let mut ecfg = EngineConfig::new(cfg.addr);
         ecfg.gids = gid_table(cfg.addr);
         ecfg.port_mtu = mtu;
-        ecfg.key_seed = std::process::id() as u64 ^ 0x5eed;
         let faults = cfg.fault.map(|f| Faults {
             cfg: f,
             rng: Rng::new(f.seed),
@@ -597,6 +745,8 @@ impl Device {
             wake_tx,
             wake_rx,
             deferred: Mutex::new(Vec::new()),
+            control,
+            failed: Mutex::new(None),
         });
         let worker = inner.clone();
         let handle = std::thread::Builder::new()

@@ -67,7 +67,9 @@ mod hostmem;
 mod objects;
 mod sys;
 
-pub use device::{device_list, gid_table, Device, DeviceConfig, FaultConfig, PortAttr};
+pub use device::{
+    device_list, gid_table, open_device, Device, DeviceConfig, FaultConfig, PortAttr,
+};
 pub use hostmem::HostMemory;
 pub use objects::{
     AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, SharedReceiveQueue,

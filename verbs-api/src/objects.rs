@@ -14,6 +14,7 @@ use crate::{
 impl Device {
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        self.inner.check_alive()?;
         let h = self.inner.lock().alloc_pd()?;
         Ok(ProtectionDomain {
             dev: self.clone(),
@@ -23,6 +24,7 @@ impl Device {
 
     /// Create a completion queue with room for `cqe` completions.
     pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
+        self.inner.check_alive()?;
         let h = self.inner.lock().create_cq(cqe)?;
         Ok(CompletionQueue {
             dev: self.clone(),
@@ -112,6 +114,7 @@ impl ProtectionDomain {
     pub fn reg_mr<'a>(&self, buf: &'a mut [u8], access: AccessFlags) -> Result<MemoryRegion<'a>> {
         let addr = buf.as_mut_ptr() as usize as u64;
         let len = buf.len() as u64;
+        self.dev.inner.check_alive()?;
         let mr = self.dev.inner.lock().reg_mr(self.h, addr, len, access)?;
         Ok(MemoryRegion {
             dev: self.dev.clone(),
@@ -133,6 +136,7 @@ impl ProtectionDomain {
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Result<QueuePair> {
+        self.dev.inner.check_alive()?;
         let qpn = self.dev.inner.lock().create_qp(rxe_core::QpInitAttr {
             pd: self.h,
             qp_type,
@@ -150,6 +154,7 @@ impl ProtectionDomain {
 
     /// Create a shared receive queue.
     pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
+        self.dev.inner.check_alive()?;
         let h = self.dev.inner.lock().create_srq(self.h, attr)?;
         Ok(SharedReceiveQueue {
             dev: self.dev.clone(),
@@ -400,6 +405,12 @@ impl QueuePair {
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        // A failed device's QPs may still go to ERR or RESET; nothing else.
+        if !matches!(attr.qp_state, Some(QpState::Err | QpState::Reset))
+            || !mask.contains(QpAttrMask::STATE)
+        {
+            self.dev.inner.check_alive()?;
+        }
         let now = self.dev.inner.now();
         let mut e = self.dev.inner.lock();
         e.modify_qp(now, self.qpn, attr, mask)?;

@@ -13,10 +13,10 @@ mod pingpong;
 
 use std::time::{Duration, Instant};
 
-use pingpong::{die, exchange, parse_args, print_dest, random_psn, report, Dest};
+use pingpong::{die, exchange, open, parse_args, print_dest, random_psn, report, Dest};
 use verbs_api::{
-    AccessFlags, AhAttr, Device, DeviceConfig, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState,
-    QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus,
+    AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendFlags,
+    SendOp, SendWr, WcStatus,
 };
 
 const RECV_WRID: u64 = 1;
@@ -32,11 +32,7 @@ fn main() {
         4096 => Mtu::M4096,
         m => die(format!("MTU {m} is not an IB MTU (256..4096)")),
     };
-    let dev = Device::open(DeviceConfig::new(
-        a.ip.parse()
-            .unwrap_or_else(|_| die(format!("bad address {}", a.ip))),
-    ))
-    .unwrap_or_else(|e| die(e));
+    let dev = open(&a);
     let gidx = a.gidx.unwrap_or(dev.gid_index());
     let table = dev.gid_table();
     let my_gid = *table.get(gidx as usize).unwrap_or_else(|| {

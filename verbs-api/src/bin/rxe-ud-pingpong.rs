@@ -10,10 +10,10 @@ mod pingpong;
 
 use std::time::{Duration, Instant};
 
-use pingpong::{die, exchange, parse_args, print_dest, random_psn, report, Dest};
+use pingpong::{die, exchange, open, parse_args, print_dest, random_psn, report, Dest};
 use verbs_api::{
-    AccessFlags, AhAttr, Device, DeviceConfig, QpAttr, QpAttrMask as M, QpCap, QpState, QpType,
-    RecvWr, SendFlags, SendOp, SendWr, UdDest, WcStatus,
+    AccessFlags, AhAttr, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendFlags,
+    SendOp, SendWr, UdDest, WcStatus,
 };
 
 const RECV_WRID: u64 = 1;
@@ -24,11 +24,7 @@ const GRH: usize = 40;
 
 fn main() {
     let a = parse_args(2048);
-    let dev = Device::open(DeviceConfig::new(
-        a.ip.parse()
-            .unwrap_or_else(|_| die(format!("bad address {}", a.ip))),
-    ))
-    .unwrap_or_else(|e| die(e));
+    let dev = open(&a);
     if a.size > dev.port_mtu().bytes() as usize {
         die(format!(
             "Requested size larger than port MTU ({})",

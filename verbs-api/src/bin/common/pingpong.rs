@@ -25,8 +25,32 @@ pub struct Args {
     pub rx_depth: u32,
     pub mtu: u32,
     pub gidx: Option<u8>,
-    pub ip: String,
+    /// `--ip`: an in-process device on this address.
+    pub ip: Option<String>,
+    /// `-d`: the device name (default rxe0).
+    pub dev: String,
     pub server: Option<String>,
+}
+
+/// The device: in-process on `--ip` if given, else as `open_device` picks
+/// (rxe-emud's device if it runs, else in-process on 127.0.0.1 for the
+/// server and 127.0.0.2 for the client).
+pub fn open(a: &Args) -> verbs_api::Device {
+    let dev = match &a.ip {
+        Some(ip) => verbs_api::Device::open(verbs_api::DeviceConfig::new(
+            ip.parse()
+                .unwrap_or_else(|_| die(format!("bad address {ip}"))),
+        )),
+        None => {
+            let fallback = if a.server.is_some() {
+                [127, 0, 0, 2]
+            } else {
+                [127, 0, 0, 1]
+            };
+            verbs_api::open_device(&a.dev, fallback.into())
+        }
+    };
+    dev.unwrap_or_else(|e| die(e))
 }
 
 pub fn die(msg: impl std::fmt::Display) -> ! {
@@ -43,7 +67,8 @@ pub fn parse_args(default_size: usize) -> Args {
         rx_depth: 500,
         mtu: 1024,
         gidx: None,
-        ip: String::new(),
+        ip: None,
+        dev: "rxe0".into(),
         server: None,
     };
     let mut ip = None;
@@ -78,23 +103,19 @@ pub fn parse_args(default_size: usize) -> Args {
                      \x20 -r, --rx-depth N  receives kept posted (default 500)\n\
                      \x20 -m, --mtu N       path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)\n\
                      \x20 -g, --gid-idx N   local GID index (default: the device's address)\n\
-                     \x20 -d, -i, -l        accepted for ibv_*_pingpong compatibility and ignored"
+                     \x20 -d, --ib-dev NAME device (default rxe0): rxe-emud's if it runs, else in-process\n\
+                     \x20 -i, -l            accepted for ibv_*_pingpong compatibility and ignored"
                 );
                 exit(0);
             }
-            "-d" | "--ib-dev" | "-i" | "--ib-port" | "-l" | "--sl" => {}
+            "-d" | "--ib-dev" => a.dev = val(),
+            "-i" | "--ib-port" | "-l" | "--sl" => {}
             s if !s.starts_with('-') => a.server = Some(s.to_string()),
             s => die(format!("unknown option {s}")),
         }
         i += if opt.starts_with('-') { 2 } else { 1 };
     }
-    a.ip = ip.unwrap_or_else(|| {
-        if a.server.is_some() {
-            "127.0.0.2".into()
-        } else {
-            "127.0.0.1".into()
-        }
-    });
+    a.ip = ip;
     a
 }
 

@@ -1,0 +1,101 @@
+//! rxe-emu: manage the rxe-emu daemon (start, stop, status).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use clap::{Parser, Subcommand};
+
+/// Manage rxe-emu devices.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// Control socket (default: $RXE_EMU_SOCKET, else the user's runtime dir).
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start the daemon in the background (if it is not running).
+    Start {
+        /// A device to host: NAME=ADDR or NAME=ADDR/MTU (default rxe0=127.0.0.1).
+        #[arg(long = "device", value_name = "NAME=ADDR[/MTU]")]
+        devices: Vec<String>,
+        /// Serve every user (system-wide daemon).
+        #[arg(long)]
+        any_user: bool,
+    },
+    /// Stop the daemon.
+    Stop,
+    /// Devices, slots in use by which process, and drop counters.
+    Status,
+}
+
+fn die(msg: impl std::fmt::Display) -> ! {
+    eprintln!("rxe-emu: {msg}");
+    std::process::exit(1);
+}
+
+// The daemon `start` spawns is meant to outlive this command (once we exit,
+// init reaps it), so it is not waited for on success.
+#[allow(clippy::zombie_processes)]
+fn main() {
+    let cli = Cli::parse();
+    let path = cli
+        .socket
+        .clone()
+        .unwrap_or_else(emulator_daemon::default_socket_path);
+    match cli.cmd {
+        Cmd::Status => match emulator_daemon::client::request(&path, "STATUS") {
+            Ok(s) => print!("{s}"),
+            Err(e) => die(e),
+        },
+        Cmd::Stop => match emulator_daemon::client::request(&path, "STOP") {
+            Ok(s) => print!("{s}"),
+            Err(e) => die(e),
+        },
+        Cmd::Start { devices, any_user } => {
+            if emulator_daemon::client::request(&path, "STATUS").is_ok() {
+                println!("rxe-emud is already running on {}", path.display());
+                return;
+            }
+            let exe = std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("rxe-emud")))
+                .filter(|p| p.exists())
+                .unwrap_or_else(|| PathBuf::from("rxe-emud"));
+            let mut cmd = Command::new(&exe);
+            cmd.arg("--socket").arg(&path);
+            for d in devices {
+                cmd.arg("--device").arg(d);
+            }
+            if any_user {
+                cmd.arg("--any-user");
+            }
+            // Its own process group: a Ctrl-C meant for this shell's
+            // foreground job does not reach the daemon.
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            let mut child = cmd
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap_or_else(|e| die(format!("cannot run {}: {e}", exe.display())));
+            let mut line = String::new();
+            let out = child.stdout.take().expect("piped stdout");
+            let _ = BufReader::new(out).read_line(&mut line);
+            if line.trim() != "ready" {
+                let status = child.wait().ok();
+                die(format!("rxe-emud did not start ({status:?})"));
+            }
+            println!(
+                "rxe-emud started (pid {}) on {}",
+                child.id(),
+                path.display()
+            );
+        }
+    }
+}

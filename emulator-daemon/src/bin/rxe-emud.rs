@@ -1,0 +1,62 @@
+//! rxe-emud: host rxe-emu devices that many processes share.
+//!
+//! `rxe-emud [--device NAME=ADDR[/MTU]]... [--socket PATH] [--slots N] [--any-user]`
+//! (default device: rxe0=127.0.0.1). Usually started by `rxe-emu start`.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use clap::Parser;
+use emulator_daemon::server::{DeviceSpec, Server, ServerConfig, DEFAULT_SLOTS};
+
+/// Host rxe-emu devices shared by many processes (UDP/4791 steered by QPN).
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A device to host: NAME=ADDR, or NAME=ADDR/MTU to set the netdev MTU.
+    #[arg(long = "device", value_name = "NAME=ADDR[/MTU]")]
+    devices: Vec<DeviceSpec>,
+    /// Control socket (default: $RXE_EMU_SOCKET, else the user's runtime dir).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Client slots per device, 2..=64 (slot 0 is the daemon's).
+    #[arg(long, default_value_t = DEFAULT_SLOTS)]
+    slots: u32,
+    /// Serve every user (system-wide); by default only this user.
+    #[arg(long)]
+    any_user: bool,
+}
+
+fn main() {
+    let a = Args::parse();
+    let devices = if a.devices.is_empty() {
+        vec!["rxe0=127.0.0.1".parse().expect("valid default")]
+    } else {
+        a.devices
+    };
+    let cfg = ServerConfig {
+        socket_path: a
+            .socket
+            .unwrap_or_else(emulator_daemon::default_socket_path),
+        devices,
+        slots: a.slots,
+        any_user: a.any_user,
+    };
+    let server = match Server::bind(cfg.clone(), true) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rxe-emud: {e}");
+            std::process::exit(1);
+        }
+    };
+    for d in &cfg.devices {
+        eprintln!("rxe-emud: device {} on {}:4791", d.name, d.addr);
+    }
+    eprintln!("rxe-emud: listening on {}", cfg.socket_path.display());
+    // Tell a parent waiting on our stdout that we are ready.
+    println!("ready");
+    if let Err(e) = server.run(&AtomicBool::new(false)) {
+        eprintln!("rxe-emud: {e}");
+        std::process::exit(1);
+    }
+}

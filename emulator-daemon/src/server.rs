@@ -1,0 +1,631 @@
+//! The daemon: devices (reuseport groups steered by QPN), slots, clients.
+//!
+//! One thread and one `poll` loop: the control socket, each client's
+//! connection, and the slot sockets nobody owns (drained and counted).
+//! Nothing a client or a datagram does can end the loop; only `STOP`, a
+//! signal (when the caller asks for signal handling) or the caller's stop
+//! flag do.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::socket::{getsockopt, sockopt};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::fdpass;
+use crate::proto::DeviceInfo;
+
+/// Slots per device (the first, slot 0, is the daemon's).
+pub const DEFAULT_SLOTS: u32 = 64;
+
+/// A device to host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// Name clients open it by (`rxe0`).
+    pub name: String,
+    /// Address whose UDP port 4791 the device owns.
+    pub addr: IpAddr,
+    /// MTU of its netdev; `None` looks it up (the interface that has the
+    /// address), 65536 for loopback and 1500 if not found.
+    pub netdev_mtu: Option<u32>,
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    /// `NAME=ADDR` or `NAME=ADDR/MTU`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, rest) = s
+            .split_once('=')
+            .ok_or_else(|| format!("device {s:?}: expected NAME=ADDR or NAME=ADDR/MTU"))?;
+        let (addr, mtu) = match rest.split_once('/') {
+            Some((a, m)) => (
+                a,
+                Some(
+                    m.parse()
+                        .map_err(|_| format!("device {s:?}: bad MTU {m:?}"))?,
+                ),
+            ),
+            None => (rest, None),
+        };
+        if name.is_empty() || name.len() > 63 || name.contains(char::is_whitespace) {
+            return Err(format!("device {s:?}: bad name"));
+        }
+        Ok(DeviceSpec {
+            name: name.to_string(),
+            addr: addr
+                .parse()
+                .map_err(|_| format!("device {s:?}: bad address {addr:?}"))?,
+            netdev_mtu: mtu,
+        })
+    }
+}
+
+/// How to run the daemon.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Control socket path.
+    pub socket_path: PathBuf,
+    /// Devices to host.
+    pub devices: Vec<DeviceSpec>,
+    /// Slots per device, 2..=64 (slot 0 is the daemon's).
+    pub slots: u32,
+    /// Serve clients of any user (a system-wide daemon). By default only
+    /// the daemon's own user may connect (checked with `SO_PEERCRED`).
+    pub any_user: bool,
+}
+
+/// Per-device drop counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Datagrams for a slot nobody owns (a client that exited, or QPNs no
+    /// client was given).
+    pub no_owner: u64,
+    /// Datagrams that reached the daemon's own slot: too short for a BTH,
+    /// or for QPNs below 0x10000 (QP1 and the like, not served yet).
+    pub daemon_slot: u64,
+}
+
+struct Device {
+    spec: DeviceSpec,
+    netdev_mtu: u32,
+    socks: Vec<UdpSocket>,
+    /// Client id owning each slot.
+    owner: Vec<Option<u64>>,
+    /// Times each slot was given out.
+    generation: Vec<u32>,
+    /// When each slot was last released (a sequence number; 0: never
+    /// used): the least recently used free slot is given first.
+    released: Vec<u64>,
+    stats: DeviceStats,
+}
+
+struct Client {
+    stream: UnixStream,
+    pid: i32,
+    uid: u32,
+    buf: Vec<u8>,
+    /// (device index, slot) pairs this client holds.
+    slots: Vec<(usize, usize)>,
+}
+
+/// A bound daemon, ready to [`Server::run`].
+pub struct Server {
+    cfg: ServerConfig,
+    listener: UnixListener,
+    _lock: Flock<File>,
+    devices: Vec<Device>,
+    clients: HashMap<u64, Client>,
+    next_client: u64,
+    release_seq: u64,
+    signals: Option<SignalFd>,
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+/// The MTU of the netdev that has `addr`.
+fn lookup_netdev_mtu(addr: IpAddr) -> u32 {
+    if addr.is_loopback() {
+        return 65536;
+    }
+    let Ok(ifs) = nix::ifaddrs::getifaddrs() else {
+        return 1500;
+    };
+    for i in ifs {
+        let Some(a) = i.address else { continue };
+        let ip: Option<IpAddr> = a
+            .as_sockaddr_in()
+            .map(|s| IpAddr::V4(s.ip()))
+            .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())));
+        if ip == Some(addr) {
+            let p = format!("/sys/class/net/{}/mtu", i.interface_name);
+            if let Some(m) = std::fs::read_to_string(p)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return m;
+            }
+        }
+    }
+    1500
+}
+
+fn bind_group(spec: &DeviceSpec, slots: u32) -> Result<Vec<UdpSocket>, String> {
+    let addr = SocketAddr::new(spec.addr, 4791);
+    // Probe without SO_REUSEPORT first: joining a group someone else made
+    // (another daemon of this user) would succeed silently and steer
+    // nothing to us; a plain bind fails if anything owns the port.
+    let probe = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|e| io_err("socket", e))?;
+    if addr.is_ipv6() {
+        let _ = probe.set_only_v6(true);
+    }
+    probe.bind(&addr.into()).map_err(|e| {
+        format!(
+            "device {}: cannot bind UDP {addr}: {e} (another rxe-emud, an in-process rxe-emu device or kernel rdma_rxe owns it)",
+            spec.name
+        )
+    })?;
+    drop(probe);
+    let mut socks = Vec::with_capacity(slots as usize);
+    for i in 0..slots {
+        let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+            .map_err(|e| io_err("socket", e))?;
+        s.set_reuse_port(true)
+            .map_err(|e| io_err("SO_REUSEPORT", e))?;
+        if addr.is_ipv6() {
+            s.set_only_v6(true).map_err(|e| io_err("IPV6_V6ONLY", e))?;
+        }
+        let _ = s.set_recv_buffer_size(8 << 20);
+        let _ = s.set_send_buffer_size(8 << 20);
+        s.bind(&addr.into()).map_err(|e| {
+            format!(
+                "device {}: cannot bind slot {i} on UDP {addr}: {e}",
+                spec.name
+            )
+        })?;
+        s.set_nonblocking(true)
+            .map_err(|e| io_err("O_NONBLOCK", e))?;
+        socks.push(UdpSocket::from(s));
+    }
+    crate::steer::attach(&socks[0], slots).map_err(|e| io_err("SO_ATTACH_REUSEPORT_CBPF", e))?;
+    Ok(socks)
+}
+
+fn prepare_dir(path: &Path) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(|e| io_err(&dir.display().to_string(), e))?;
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        }
+    }
+    Ok(())
+}
+
+impl Server {
+    /// Take the lock, bind every device and the control socket. Fails
+    /// clearly if another daemon holds the socket path or a device's
+    /// address.
+    pub fn bind(cfg: ServerConfig, handle_signals: bool) -> Result<Server, String> {
+        if !(2..=64).contains(&cfg.slots) {
+            return Err(format!("slots must be 2..=64, not {}", cfg.slots));
+        }
+        if cfg.devices.is_empty() {
+            return Err("no device to host".into());
+        }
+        prepare_dir(&cfg.socket_path)?;
+        let lock_path = cfg.socket_path.with_extension("lock");
+        let lock_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| io_err(&lock_path.display().to_string(), e))?;
+        let mut lock =
+            Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|(mut f, _)| {
+                let mut pid = String::new();
+                let _ = f.read_to_string(&mut pid);
+                format!(
+                    "rxe-emud is already running on {} (pid {})",
+                    cfg.socket_path.display(),
+                    pid.trim()
+                )
+            })?;
+        let _ = lock.set_len(0);
+        let _ = write!(lock, "{}", std::process::id());
+        let mut devices = Vec::new();
+        for spec in &cfg.devices {
+            if devices.iter().any(|d: &Device| d.spec.name == spec.name) {
+                return Err(format!("device {} given twice", spec.name));
+            }
+            let socks = bind_group(spec, cfg.slots)?;
+            let n = socks.len();
+            devices.push(Device {
+                netdev_mtu: spec
+                    .netdev_mtu
+                    .unwrap_or_else(|| lookup_netdev_mtu(spec.addr)),
+                spec: spec.clone(),
+                socks,
+                owner: vec![None; n],
+                generation: vec![0; n],
+                released: vec![0; n],
+                stats: DeviceStats::default(),
+            });
+        }
+        // We hold the lock: a socket file left there is stale.
+        let _ = std::fs::remove_file(&cfg.socket_path);
+        let listener = UnixListener::bind(&cfg.socket_path)
+            .map_err(|e| io_err(&cfg.socket_path.display().to_string(), e))?;
+        let _ = std::fs::set_permissions(&cfg.socket_path, std::fs::Permissions::from_mode(0o600));
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err("O_NONBLOCK", e))?;
+        let signals = if handle_signals {
+            let mut mask = SigSet::empty();
+            for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+                mask.add(s);
+            }
+            mask.thread_block().map_err(|e| io_err("sigprocmask", e))?;
+            Some(SignalFd::new(&mask).map_err(|e| io_err("signalfd", e))?)
+        } else {
+            None
+        };
+        Ok(Server {
+            cfg,
+            listener,
+            _lock: lock,
+            devices,
+            clients: HashMap::new(),
+            next_client: 1,
+            release_seq: 0,
+            signals,
+        })
+    }
+
+    /// Drop counters of device `name`.
+    pub fn stats(&self, name: &str) -> Option<DeviceStats> {
+        self.devices
+            .iter()
+            .find(|d| d.spec.name == name)
+            .map(|d| d.stats)
+    }
+
+    /// Serve until `STOP`, a signal, or `stop` is set (checked at least
+    /// every 100 ms). Removes the control socket on the way out.
+    pub fn run(mut self, stop: &AtomicBool) -> Result<(), String> {
+        let mut buf = vec![0u8; 65536];
+        let mut stopping = false;
+        while !stopping && !stop.load(Ordering::SeqCst) {
+            // What to watch: [signals], listener, clients, free slots.
+            let client_ids: Vec<u64> = self.clients.keys().copied().collect();
+            let free: Vec<(usize, usize)> = self
+                .devices
+                .iter()
+                .enumerate()
+                .flat_map(|(d, dev)| {
+                    dev.owner
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, o)| o.is_none())
+                        .map(move |(s, _)| (d, s))
+                })
+                .collect();
+            let (sig_ready, listen_ready, client_ready, slot_ready) = {
+                let mut fds = Vec::new();
+                if let Some(s) = &self.signals {
+                    fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+                }
+                fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
+                for id in &client_ids {
+                    fds.push(PollFd::new(
+                        self.clients[id].stream.as_fd(),
+                        PollFlags::POLLIN,
+                    ));
+                }
+                for &(d, s) in &free {
+                    fds.push(PollFd::new(
+                        self.devices[d].socks[s].as_fd(),
+                        PollFlags::POLLIN,
+                    ));
+                }
+                match poll(&mut fds, PollTimeout::from(100u16)) {
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(io_err("poll", e)),
+                }
+                let ready: Vec<bool> = fds
+                    .iter()
+                    .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                    .collect();
+                let mut i = 0;
+                let sig = if self.signals.is_some() {
+                    i += 1;
+                    ready[0]
+                } else {
+                    false
+                };
+                let l = ready[i];
+                i += 1;
+                let c: Vec<u64> = client_ids
+                    .iter()
+                    .zip(&ready[i..i + client_ids.len()])
+                    .filter(|(_, r)| **r)
+                    .map(|(id, _)| *id)
+                    .collect();
+                i += client_ids.len();
+                let s: Vec<(usize, usize)> = free
+                    .iter()
+                    .zip(&ready[i..])
+                    .filter(|(_, r)| **r)
+                    .map(|(x, _)| *x)
+                    .collect();
+                (sig, l, c, s)
+            };
+            if sig_ready {
+                if let Some(s) = &self.signals {
+                    if let Ok(Some(si)) = s.read_signal() {
+                        eprintln!("rxe-emud: signal {}, stopping", si.ssi_signo);
+                    }
+                }
+                break;
+            }
+            for (d, s) in slot_ready {
+                self.drain(d, s, &mut buf);
+            }
+            if listen_ready {
+                self.accept_all();
+            }
+            for id in client_ready {
+                if self.serve(id) {
+                    stopping = true;
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&self.cfg.socket_path);
+        Ok(())
+    }
+
+    /// Read and count every datagram waiting on a slot nobody owns.
+    fn drain(&mut self, d: usize, s: usize, buf: &mut [u8]) {
+        let dev = &mut self.devices[d];
+        while let Ok(_n) = dev.socks[s].recv(buf) {
+            if s == 0 {
+                dev.stats.daemon_slot += 1;
+            } else {
+                dev.stats.no_owner += 1;
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    eprintln!("rxe-emud: accept: {e}");
+                    return;
+                }
+            };
+            let cred = getsockopt(&stream, sockopt::PeerCredentials).ok();
+            let (pid, uid) = cred.map_or((0, u32::MAX), |c| (c.pid(), c.uid()));
+            if !self.cfg.any_user && uid != nix::unistd::getuid().as_raw() {
+                let mut s = stream;
+                let _ = s.write_all(
+                    format!(
+                        "ERR this rxe-emud serves uid {} only (start a system-wide daemon with --any-user)\n",
+                        nix::unistd::getuid()
+                    )
+                    .as_bytes(),
+                );
+                continue;
+            }
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let id = self.next_client;
+            self.next_client += 1;
+            self.clients.insert(
+                id,
+                Client {
+                    stream,
+                    pid,
+                    uid,
+                    buf: Vec::new(),
+                    slots: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Handle what client `id` sent. Returns true on `STOP`.
+    fn serve(&mut self, id: u64) -> bool {
+        let mut chunk = [0u8; 1024];
+        let mut closed = false;
+        {
+            let c = self.clients.get_mut(&id).expect("polled client exists");
+            loop {
+                match c.stream.read(&mut chunk) {
+                    Ok(0) => {
+                        closed = true;
+                        break;
+                    }
+                    Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        closed = true;
+                        break;
+                    }
+                }
+                if c.buf.len() > 4096 {
+                    // Nobody needs a request this long: a confused peer.
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let mut stop = false;
+        // Answer every complete request, even from a client that has
+        // already closed its side.
+        let mut done = false;
+        while !done {
+            let c = self.clients.get_mut(&id).expect("client exists");
+            let Some(nl) = c.buf.iter().position(|&b| b == b'\n') else {
+                break;
+            };
+            let line: Vec<u8> = c.buf.drain(..=nl).collect();
+            let line = String::from_utf8_lossy(&line).trim().to_string();
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some("OPEN"), Some(name), None) => {
+                    if let Err(e) = self.open(id, name) {
+                        let c = self.clients.get_mut(&id).expect("client exists");
+                        let _ = c.stream.write_all(format!("ERR {e}\n").as_bytes());
+                    }
+                }
+                (Some("STATUS"), None, None) => {
+                    let text = self.status();
+                    let c = self.clients.get_mut(&id).expect("client exists");
+                    let _ = c.stream.set_nonblocking(false);
+                    let _ = c.stream.write_all(text.as_bytes());
+                    done = true;
+                }
+                (Some("STOP"), None, None) => {
+                    let c = self.clients.get_mut(&id).expect("client exists");
+                    let _ = c.stream.write_all(b"OK stopping\n");
+                    stop = true;
+                    done = true;
+                }
+                _ => {
+                    let c = self.clients.get_mut(&id).expect("client exists");
+                    let shown: String = line.chars().take(60).collect();
+                    let _ = c.stream.write_all(
+                        format!("ERR unknown request {shown:?}: expected OPEN <device>, STATUS or STOP\n")
+                            .as_bytes(),
+                    );
+                    done = true;
+                }
+            }
+        }
+        if done || closed {
+            self.release(id);
+        }
+        stop
+    }
+
+    /// Give client `id` a slot of device `name` and send its socket.
+    fn open(&mut self, id: u64, name: &str) -> Result<(), String> {
+        let d = self
+            .devices
+            .iter()
+            .position(|d| d.spec.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.devices.iter().map(|d| d.spec.name.as_str()).collect();
+                format!("no device {name:?} (this daemon has {})", names.join(", "))
+            })?;
+        let dev = &mut self.devices[d];
+        let slot = (1..dev.socks.len())
+            .filter(|&s| dev.owner[s].is_none())
+            .min_by_key(|&s| dev.released[s])
+            .ok_or_else(|| {
+                format!(
+                    "device {name} has no free slot ({} processes have it open)",
+                    dev.socks.len() - 1
+                )
+            })?;
+        // Whatever waited for the previous owner is stale: count it.
+        let mut scratch = vec![0u8; 65536];
+        while dev.socks[slot].recv(&mut scratch).is_ok() {
+            dev.stats.no_owner += 1;
+        }
+        let gen = dev.generation[slot];
+        dev.generation[slot] = gen.wrapping_add(1);
+        let lo = (slot as u32) << 16 | 0x11;
+        let hi = (slot as u32) << 16 | 0xffff;
+        let first = lo + (gen.wrapping_mul(0x1000) % (hi - lo + 1));
+        let seed = (u64::from(std::process::id()) << 32)
+            ^ (id << 16)
+            ^ slot as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.as_nanos() as u64);
+        let info = DeviceInfo {
+            name: dev.spec.name.clone(),
+            addr: dev.spec.addr,
+            netdev_mtu: dev.netdev_mtu,
+            slot: slot as u32,
+            qpn_lo: lo,
+            qpn_hi: hi,
+            qpn_first: first,
+            key_seed: seed,
+        };
+        let c = self.clients.get_mut(&id).expect("client exists");
+        fdpass::send_line_with_fd(&c.stream, &info.to_line(), dev.socks[slot].as_raw_fd())
+            .map_err(|e| format!("sending the slot socket: {e}"))?;
+        dev.owner[slot] = Some(id);
+        c.slots.push((d, slot));
+        Ok(())
+    }
+
+    /// Client `id` is gone: free its slots.
+    fn release(&mut self, id: u64) {
+        let Some(c) = self.clients.remove(&id) else {
+            return;
+        };
+        for (d, s) in c.slots {
+            self.release_seq += 1;
+            let dev = &mut self.devices[d];
+            dev.owner[s] = None;
+            dev.released[s] = self.release_seq;
+        }
+    }
+
+    fn status(&self) -> String {
+        let mut out = format!(
+            "rxe-emud pid {} socket {}\n",
+            std::process::id(),
+            self.cfg.socket_path.display()
+        );
+        for dev in &self.devices {
+            let used = dev.owner.iter().filter(|o| o.is_some()).count();
+            out += &format!(
+                "device {} addr {} netdev_mtu {} slots {}/{} dropped_no_owner {} dropped_daemon_slot {}\n",
+                dev.spec.name,
+                dev.spec.addr,
+                dev.netdev_mtu,
+                used,
+                dev.socks.len() - 1,
+                dev.stats.no_owner,
+                dev.stats.daemon_slot
+            );
+            for (s, o) in dev.owner.iter().enumerate() {
+                if let Some(c) = o.and_then(|id| self.clients.get(&id)) {
+                    out += &format!(
+                        "  slot {s} pid {} uid {} qpns {:#x}-{:#x}\n",
+                        c.pid,
+                        c.uid,
+                        (s as u32) << 16 | 0x11,
+                        (s as u32) << 16 | 0xffff
+                    );
+                }
+            }
+        }
+        out
+    }
+}

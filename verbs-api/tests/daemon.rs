@@ -1,0 +1,479 @@
+//! Devices shared through rxe-emud: several processes (or several opens)
+//! on one device, steered by QPN, and what happens when a client or the
+//! daemon goes away. The daemon runs in a thread of the test; clients are
+//! this process and child processes.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use emulator_daemon::server::{Server, ServerConfig};
+use verbs_api::{
+    AccessFlags, AhAttr, AsyncEventKind, CompletionQueue, Device, Mtu, ProtectionDomain, QpAttr,
+    QpAttrMask as M, QpCap, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, WcFlags, WcOpcode,
+    WcStatus,
+};
+
+const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Daemon {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Daemon {
+    fn start(tag: &str, device: &str, slots: u32) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("rxe-emu-test-{}-{tag}", std::process::id()));
+        let path = dir.join("rxe-emud.sock");
+        let server = Server::bind(
+            ServerConfig {
+                socket_path: path.clone(),
+                devices: vec![device.parse().unwrap()],
+                slots,
+                any_user: false,
+            },
+            false,
+        )
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || server.run(&s2).unwrap());
+        Daemon {
+            path,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn open(&self) -> Device {
+        Device::open_daemon("rxe0", Some(&self.path)).unwrap()
+    }
+
+    fn status(&self) -> String {
+        emulator_daemon::client::request(&self.path, "STATUS").unwrap()
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(d) = self.path.parent() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// `dropped_no_owner N` from a STATUS reply.
+fn no_owner_drops(status: &str) -> u64 {
+    status
+        .split_whitespace()
+        .skip_while(|w| *w != "dropped_no_owner")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in {status}"))
+}
+
+struct Side {
+    dev: Device,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn side(dev: Device, ty: QpType) -> Side {
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(256).unwrap();
+    let cap = QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    };
+    let qp = pd.create_qp(ty, &cq, &cq, None, cap, false).unwrap();
+    Side { dev, pd, cq, qp }
+}
+
+fn connect(me: &Side, peer_qpn: u32, peer_gid: [u8; 16], timeout: u8, retry: u8, rq_psn: u32) {
+    me.qp
+        .modify(
+            &QpAttr {
+                qp_state: Some(QpState::Init),
+                port_num: 1,
+                qp_access_flags: ALL.bits(),
+                ..QpAttr::default()
+            },
+            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+        )
+        .unwrap();
+    let rtr = QpAttr {
+        qp_state: Some(QpState::Rtr),
+        path_mtu: Some(Mtu::M1024),
+        dest_qp_num: peer_qpn,
+        rq_psn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ah_attr: AhAttr {
+            dgid: peer_gid,
+            sgid_index: me.dev.gid_index(),
+            is_global: true,
+            port_num: 1,
+            hop_limit: 64,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    me.qp
+        .modify(
+            &rtr,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )
+        .unwrap();
+    let rts = QpAttr {
+        qp_state: Some(QpState::Rts),
+        sq_psn: 0,
+        timeout,
+        retry_cnt: retry,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..QpAttr::default()
+    };
+    me.qp
+        .modify(
+            &rts,
+            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+}
+
+fn bin(name: &str) -> &'static str {
+    match name {
+        "rc" => env!("CARGO_BIN_EXE_rxe-rc-pingpong"),
+        _ => env!("CARGO_BIN_EXE_rxe-ud-pingpong"),
+    }
+}
+
+fn pingpong(path: &Path, kind: &str, port: &str, server: bool) -> Command {
+    let mut c = Command::new(bin(kind));
+    c.env("RXE_EMU_MODE", "daemon")
+        .env("RXE_EMU_SOCKET", path)
+        .args(["-d", "rxe0", "-p", port, "-n", "100"]);
+    if !server {
+        c.arg("127.0.0.1");
+    }
+    c
+}
+
+#[test]
+fn rc_and_ud_pingpong_between_two_processes_on_one_daemon_device() {
+    let d = Daemon::start("pp", "rxe0=127.0.21.1", 8);
+    for (kind, port) in [("rc", "18621"), ("ud", "18622")] {
+        let srv = pingpong(&d.path, kind, port, true).spawn().unwrap();
+        let client = pingpong(&d.path, kind, port, false).output().unwrap();
+        let srv = srv.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&client.stdout);
+        assert!(
+            client.status.success() && srv.status.success(),
+            "{kind}: {out}\n{}",
+            String::from_utf8_lossy(&client.stderr)
+        );
+        assert!(out.contains("100 iters in"), "{out}");
+        // Both ends on the device's one address, QPNs from two slots.
+        assert_eq!(out.matches("GID ::ffff:127.0.21.1").count(), 2, "{out}");
+    }
+    assert!(d.status().contains("slots 0/7"), "{}", d.status());
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn every_rc_opcode_between_two_slots_of_one_device() {
+    let d = Daemon::start("ops", "rxe0=127.0.21.2", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    assert_ne!(a.qp.qpn() >> 16, b.qp.qpn() >> 16, "one slot each");
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    const LEN: usize = 5000;
+    let mut abuf = pattern(LEN, 1);
+    let expect = abuf.clone();
+    let amr = a.pd.reg_mr(&mut abuf, ALL).unwrap();
+    let mut bbuf = vec![0u8; LEN + 16];
+    let bmr = b.pd.reg_mr(&mut bbuf, ALL).unwrap();
+    // Keys come from disjoint spaces: neither can name the other's memory.
+    assert_ne!(amr.rkey() >> 8, bmr.rkey() >> 8);
+    let len = LEN as u32;
+    let ok = |wcs: Vec<verbs_api::WorkCompletion>, op: WcOpcode| {
+        assert_eq!(wcs.len(), 1, "{op:?}");
+        assert_eq!((wcs[0].opcode, wcs[0].status), (op, WcStatus::Success));
+        wcs[0]
+    };
+    // SEND with immediate.
+    b.qp.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![bmr.sge(0, len)],
+    })
+    .unwrap();
+    a.qp.post_send(SendWr::new(
+        1,
+        SendOp::SendWithImm { imm: 0x1234 },
+        vec![amr.sge(0, len)],
+    ))
+    .unwrap();
+    let wc = ok(b.cq.wait(1, WAIT).unwrap(), WcOpcode::Recv);
+    assert!(wc.wc_flags.contains(WcFlags::WITH_IMM) && wc.imm_data == 0x1234);
+    ok(a.cq.wait(1, WAIT).unwrap(), WcOpcode::Send);
+    // WRITE with immediate, into offset 16.
+    b.qp.post_recv(RecvWr {
+        wr_id: 2,
+        sg_list: vec![],
+    })
+    .unwrap();
+    a.qp.post_send(SendWr::new(
+        2,
+        SendOp::RdmaWriteWithImm {
+            remote_addr: bmr.addr() + 16,
+            rkey: bmr.rkey(),
+            imm: 7,
+        },
+        vec![amr.sge(0, len)],
+    ))
+    .unwrap();
+    ok(b.cq.wait(1, WAIT).unwrap(), WcOpcode::RecvRdmaWithImm);
+    ok(a.cq.wait(1, WAIT).unwrap(), WcOpcode::RdmaWrite);
+    // READ it back from B into A, over A's own data.
+    let mut back = vec![0u8; LEN];
+    let back_mr = a.pd.reg_mr(&mut back, ALL).unwrap();
+    a.qp.post_send(SendWr::new(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: bmr.addr() + 16,
+            rkey: bmr.rkey(),
+        },
+        vec![back_mr.sge(0, len)],
+    ))
+    .unwrap();
+    ok(a.cq.wait(1, WAIT).unwrap(), WcOpcode::RdmaRead);
+    // Atomics on B's first 8 bytes (the SEND's data).
+    let first = u64::from_ne_bytes(expect[..8].try_into().unwrap());
+    let mut old = [0u8; 16];
+    let old_mr = a.pd.reg_mr(&mut old, ALL).unwrap();
+    a.qp.post_send(SendWr::new(
+        4,
+        SendOp::AtomicCmpSwp {
+            remote_addr: bmr.addr(),
+            rkey: bmr.rkey(),
+            compare: first,
+            swap: 100,
+        },
+        vec![old_mr.sge(0, 8)],
+    ))
+    .unwrap();
+    ok(a.cq.wait(1, WAIT).unwrap(), WcOpcode::CompSwap);
+    a.qp.post_send(SendWr::new(
+        5,
+        SendOp::AtomicFetchAdd {
+            remote_addr: bmr.addr(),
+            rkey: bmr.rkey(),
+            add: 5,
+        },
+        vec![old_mr.sge(8, 8)],
+    ))
+    .unwrap();
+    ok(a.cq.wait(1, WAIT).unwrap(), WcOpcode::FetchAdd);
+    drop((amr, bmr, back_mr, old_mr));
+    assert_eq!(back, expect, "WRITE then READ round trip");
+    assert_eq!(u64::from_ne_bytes(old[..8].try_into().unwrap()), first);
+    assert_eq!(u64::from_ne_bytes(old[8..].try_into().unwrap()), 100);
+    assert_eq!(u64::from_ne_bytes(bbuf[..8].try_into().unwrap()), 105);
+}
+
+#[test]
+fn stopping_the_daemon_fails_the_device_with_device_fatal() {
+    let mut d = Daemon::start("fatal", "rxe0=127.0.21.3", 4);
+    let a = side(d.open(), QpType::Rc);
+    d.stop();
+    let start = Instant::now();
+    let ev = loop {
+        if let Some(e) = a.dev.poll_async_event() {
+            break e;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no DEVICE_FATAL after the daemon stopped"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(ev.kind, AsyncEventKind::DeviceFatal);
+    assert!(ev.reason.contains("rxe-emud"), "{}", ev.reason);
+    assert_eq!(a.qp.state(), QpState::Err);
+    let e = a.pd.create_cq_check(&a.dev);
+    assert!(e.contains("rxe-emud"), "{e}");
+}
+
+trait CreateCheck {
+    fn create_cq_check(&self, dev: &Device) -> String;
+}
+
+impl CreateCheck for ProtectionDomain {
+    fn create_cq_check(&self, dev: &Device) -> String {
+        match dev.create_cq(4) {
+            Ok(_) => "created a CQ on a failed device".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+}
+
+/// Play the client side of ibv_rc_pingpong's address exchange.
+fn exchange(port: u16, my_qpn: u32, my_gid: [u8; 16]) -> (u32, u32, [u8; 16]) {
+    let start = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if start.elapsed() < WAIT => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("pingpong server: {e}"),
+        }
+    };
+    let gid: String = my_gid.iter().map(|b| format!("{b:02x}")).collect();
+    let mut msg = format!("0000:{my_qpn:06x}:000000:{gid}").into_bytes();
+    msg.resize(52, 0);
+    s.write_all(&msg).unwrap();
+    let mut m = [0u8; 52];
+    s.read_exact(&mut m).unwrap();
+    s.write_all(b"done\0").unwrap();
+    let text = String::from_utf8_lossy(&m)
+        .trim_end_matches('\0')
+        .to_string();
+    let parts: Vec<&str> = text.split(':').collect();
+    let qpn = u32::from_str_radix(parts[1], 16).unwrap();
+    let psn = u32::from_str_radix(parts[2], 16).unwrap();
+    let mut g = [0u8; 16];
+    for (i, b) in g.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&parts[3][2 * i..2 * i + 2], 16).unwrap();
+    }
+    (qpn, psn, g)
+}
+
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_killed_client_frees_its_slot_and_its_peer_gets_retry_exceeded() {
+    let d = Daemon::start("kill", "rxe0=127.0.21.4", 2); // one client slot
+                                                         // The victim: an rc pingpong server in another process, on slot 1.
+    let mut victim = pingpong(&d.path, "rc", "18623", true);
+    victim.args(["-n", "1000000", "-s", "64"]);
+    let victim = KillOnDrop(victim.spawn().unwrap());
+    // This process reaches the device through another daemon's device on
+    // another address (the one client slot is the victim's).
+    let d2 = Daemon::start("kill2", "rxe0=127.0.21.5", 2);
+    let me = side(d2.open(), QpType::Rc);
+    let (peer_qpn, peer_psn, peer_gid) = exchange(18623, me.qp.qpn(), me.dev.gid());
+    assert_eq!(peer_qpn >> 16, 1);
+    // timeout 8 (1 ms), retry_cnt 2: the peer's death shows in milliseconds.
+    connect(&me, peer_qpn, peer_gid, 8, 2, peer_psn);
+    let mut buf = vec![7u8; 64];
+    let mr = me.pd.reg_mr(&mut buf, ALL).unwrap();
+    for i in 0..4u64 {
+        me.qp
+            .post_recv(RecvWr {
+                wr_id: 100 + i,
+                sg_list: vec![mr.sge(0, 64)],
+            })
+            .unwrap();
+    }
+    me.qp
+        .post_send(SendWr::new(1, SendOp::Send, vec![mr.sge(0, 64)]))
+        .unwrap();
+    let wcs = me.cq.wait(2, WAIT).unwrap();
+    assert!(
+        wcs.iter().all(|w| w.status == WcStatus::Success) && wcs.len() == 2,
+        "the victim answers while alive: {wcs:?}"
+    );
+    drop(victim); // SIGKILL, mid-conversation
+    let before = no_owner_drops(&d.status());
+    me.qp
+        .post_send(SendWr::new(2, SendOp::Send, vec![mr.sge(0, 64)]))
+        .unwrap();
+    let start = Instant::now();
+    let wc = loop {
+        let w = me.cq.poll(4).unwrap();
+        if let Some(w) = w.into_iter().find(|w| w.wr_id == 2) {
+            break w;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no completion for the SEND to a dead peer"
+        );
+    };
+    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    // The daemon is alive, freed the slot, and counted the datagrams that
+    // arrived for the dead QP instead of delivering them.
+    let status = d.status();
+    assert!(status.contains("slots 0/1"), "{status}");
+    assert!(no_owner_drops(&status) > before, "{status}");
+    // The slot is given again; the next owner's QPNs start elsewhere, so
+    // the dead QP's number names nothing there.
+    let next = side(d.open(), QpType::Rc);
+    assert_eq!(next.qp.qpn() >> 16, 1);
+    assert_ne!(next.qp.qpn(), peer_qpn);
+    let late = UdpSocket::bind("127.0.21.5:0").unwrap();
+    // A well-formed SEND_ONLY for the dead QP, with a valid ICRC.
+    let mut pkt = vec![0u8; 12 + 8 + 4];
+    pkt[0] = 0x04; // RC SEND_ONLY
+    pkt[2] = 0xff;
+    pkt[3] = 0xff;
+    pkt[5..8].copy_from_slice(&peer_qpn.to_be_bytes()[1..]);
+    let info = wire::icrc::IpUdpInfo {
+        src: "127.0.21.5".parse().unwrap(),
+        dst: "127.0.21.4".parse().unwrap(),
+        src_port: late.local_addr().unwrap().port(),
+        dst_port: 4791,
+        ipv4_id: 0,
+        ipv4_flags_frag: 0x4000,
+    };
+    wire::icrc::write(&info, &mut pkt);
+    let bad_qp = next.dev.counters().rcvd_bad_qp;
+    late.send_to(&pkt, "127.0.21.4:4791").unwrap();
+    let start = Instant::now();
+    while next.dev.counters().rcvd_bad_qp == bad_qp {
+        let _ = next.cq.poll(1);
+        assert!(
+            start.elapsed() < WAIT,
+            "the late packet was not counted as for no QP: {:?}",
+            next.dev.counters()
+        );
+    }
+}
