@@ -98,7 +98,7 @@ pub(crate) struct Inner {
     /// it acknowledges. Touched only with the engine locked; sent by the
     /// next flush that does not hold, at most [`APP_POLL_GRACE`] later.
     deferred: Mutex<Vec<Transmit>>,
-    senders: Mutex<HashMap<u16, UdpSocket>>,
+    senders: Mutex<HashMap<u16, Option<UdpSocket>>>,
     faults: Mutex<Option<Faults>>,
     epoch: std::time::Instant,
     stop: AtomicBool,
@@ -392,15 +392,15 @@ impl Inner {
         let dst = SocketAddr::new(t.info.dst, t.info.dst_port);
         let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
         let port = t.info.src_port;
-        if let std::collections::hash_map::Entry::Vacant(v) = senders.entry(port) {
-            // Kernel rxe sends each QP's packets from its own UDP source
-            // port; bind one socket per port we use.
-            if let Ok(s) = bind_udp(SocketAddr::new(self.cfg.addr, port)) {
-                v.insert(s);
-            }
-        }
-        let sock = match senders.get(&port) {
-            Some(s) => s,
+        // Kernel rxe sends each QP's packets from its own UDP source port;
+        // bind one socket per port we use, once (a port another socket
+        // holds, e.g. another process on the same daemon device, is
+        // remembered as unavailable rather than retried per packet).
+        let sock = senders
+            .entry(port)
+            .or_insert_with(|| bind_udp(SocketAddr::new(self.cfg.addr, port)).ok());
+        let sock = match sock {
+            Some(s) => &*s,
             None => {
                 // The port is taken on this host: send from 4791 and
                 // recompute the ICRC, which covers the source port.
