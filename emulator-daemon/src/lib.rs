@@ -32,6 +32,7 @@
 
 pub mod client;
 mod fdpass;
+pub mod pcap_check;
 pub mod proto;
 pub mod server;
 mod steer;

@@ -32,6 +32,21 @@ enum Cmd {
     Stop,
     /// Devices, slots in use by which process, and drop counters.
     Status,
+    /// Work with captures.
+    Pcap {
+        #[command(subcommand)]
+        cmd: PcapCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum PcapCmd {
+    /// Decode a RoCEv2 capture (ours or anybody's) and verify every ICRC;
+    /// exits 1 if any is wrong or the capture holds no RoCEv2 packet.
+    Check {
+        /// A classic pcap file (Ethernet, raw IP or Linux cooked).
+        file: PathBuf,
+    },
 }
 
 fn die(msg: impl std::fmt::Display) -> ! {
@@ -49,6 +64,18 @@ fn main() {
         .clone()
         .unwrap_or_else(emulator_daemon::default_socket_path);
     match cli.cmd {
+        Cmd::Pcap {
+            cmd: PcapCmd::Check { file },
+        } => {
+            let bytes =
+                std::fs::read(&file).unwrap_or_else(|e| die(format!("{}: {e}", file.display())));
+            let r = emulator_daemon::pcap_check::check(&bytes)
+                .unwrap_or_else(|e| die(format!("{}: {e}", file.display())));
+            print!("{}: {}", file.display(), r.render());
+            if !r.passed() {
+                std::process::exit(1);
+            }
+        }
         Cmd::Status => match emulator_daemon::client::request(&path, "STATUS") {
             Ok(s) => print!("{s}"),
             Err(e) => die(e),
