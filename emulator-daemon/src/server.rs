@@ -108,7 +108,31 @@ struct Device {
     /// used): the least recently used free slot is given first.
     released: Vec<u64>,
     stats: DeviceStats,
+    /// The fault spec `rxe-emu fault` set (sent to every process that
+    /// opens the device later too).
+    fault: Option<String>,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Query {
+    Stat,
+    Qps,
+    Fault,
+}
+
+/// A question the daemon asked the processes of a device for a CLI
+/// client; answered when every process replied or after a second.
+struct Pending {
+    cli: u64,
+    query: Query,
+    dev: usize,
+    waiting: Vec<u64>,
+    replies: Vec<(u64, Vec<String>)>,
+    deadline: std::time::Instant,
+}
+
+/// How long a process may take to answer.
+const QUERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Client {
     stream: UnixStream,
@@ -129,6 +153,8 @@ pub struct Server {
     next_client: u64,
     release_seq: u64,
     signals: Option<SignalFd>,
+    pending: HashMap<u64, Pending>,
+    next_tag: u64,
 }
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> String {
@@ -264,6 +290,7 @@ impl Server {
                 generation: vec![0; n],
                 released: vec![0; n],
                 stats: DeviceStats::default(),
+                fault: None,
             });
         }
         // We hold the lock: a socket file left there is stale.
@@ -293,6 +320,8 @@ impl Server {
             next_client: 1,
             release_seq: 0,
             signals,
+            pending: HashMap::new(),
+            next_tag: 1,
         })
     }
 
@@ -390,9 +419,19 @@ impl Server {
                 self.accept_all();
             }
             for id in client_ready {
-                if self.serve(id) {
+                if self.clients.contains_key(&id) && self.serve(id) {
                     stopping = true;
                 }
+            }
+            let now = std::time::Instant::now();
+            let expired: Vec<u64> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| p.deadline <= now)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in expired {
+                self.finish(t);
             }
         }
         let _ = std::fs::remove_file(&self.cfg.socket_path);
@@ -491,8 +530,33 @@ impl Server {
             };
             let line: Vec<u8> = c.buf.drain(..=nl).collect();
             let line = String::from_utf8_lossy(&line).trim().to_string();
+            if let Some(reply) = line.strip_prefix("R ") {
+                self.reply(id, reply);
+                continue;
+            }
             let mut words = line.split_whitespace();
             match (words.next(), words.next(), words.next()) {
+                (Some(q @ ("STAT" | "QPS")), Some(dev), None) => {
+                    let q = if q == "STAT" { Query::Stat } else { Query::Qps };
+                    if let Err(e) = self.ask(id, dev, q, None) {
+                        let c = self.clients.get_mut(&id).expect("client exists");
+                        let _ = c.stream.write_all(format!("ERR {e}\n").as_bytes());
+                        done = true;
+                    } else {
+                        // Answered (and closed) by `finish`.
+                        return stop;
+                    }
+                }
+                (Some("FAULT"), Some(dev), _) => {
+                    let spec = line.splitn(3, ' ').nth(2).unwrap_or("").to_string();
+                    if let Err(e) = self.ask(id, dev, Query::Fault, Some(spec)) {
+                        let c = self.clients.get_mut(&id).expect("client exists");
+                        let _ = c.stream.write_all(format!("ERR {e}\n").as_bytes());
+                        done = true;
+                    } else {
+                        return stop;
+                    }
+                }
                 (Some("OPEN"), Some(name), None) => {
                     if let Err(e) = self.open(id, name) {
                         let c = self.clients.get_mut(&id).expect("client exists");
@@ -527,6 +591,174 @@ impl Server {
             self.release(id);
         }
         stop
+    }
+
+    /// Ask every process holding a slot of device `name` (for CLI client
+    /// `cli`); `spec` is the fault spec of a FAULT query.
+    fn ask(
+        &mut self,
+        cli: u64,
+        name: &str,
+        query: Query,
+        spec: Option<String>,
+    ) -> Result<(), String> {
+        let d = self
+            .devices
+            .iter()
+            .position(|d| d.spec.name == name)
+            .ok_or_else(|| format!("no device {name:?}"))?;
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let (word, extra) = match query {
+            Query::Stat => ("STAT", String::new()),
+            Query::Qps => ("QPS", String::new()),
+            Query::Fault => {
+                let spec = spec.unwrap_or_default();
+                self.devices[d].fault = Some(spec.clone()).filter(|s| !s.trim().is_empty());
+                ("FAULT", format!(" {spec}"))
+            }
+        };
+        let mut owners: Vec<u64> = self.devices[d].owner.iter().flatten().copied().collect();
+        owners.dedup();
+        let mut waiting = Vec::new();
+        for o in owners {
+            if let Some(c) = self.clients.get_mut(&o) {
+                if c.stream
+                    .write_all(format!("{word} {tag}{extra}\n").as_bytes())
+                    .is_ok()
+                {
+                    waiting.push(o);
+                }
+            }
+        }
+        self.pending.insert(
+            tag,
+            Pending {
+                cli,
+                query,
+                dev: d,
+                waiting,
+                replies: Vec::new(),
+                deadline: std::time::Instant::now() + QUERY_TIMEOUT,
+            },
+        );
+        if self.pending[&tag].waiting.is_empty() {
+            self.finish(tag);
+        }
+        Ok(())
+    }
+
+    /// A process answered (`<tag> <line>` or `<tag> END`).
+    fn reply(&mut self, from: u64, reply: &str) {
+        let (tag, rest) = reply.split_once(' ').unwrap_or((reply, ""));
+        let Ok(tag) = tag.parse::<u64>() else { return };
+        let Some(p) = self.pending.get_mut(&tag) else {
+            return; // late, or for a fault set at open
+        };
+        if rest == "END" {
+            p.waiting.retain(|w| *w != from);
+            if p.waiting.is_empty() {
+                self.finish(tag);
+            }
+        } else {
+            match p.replies.iter_mut().find(|(c, _)| *c == from) {
+                Some((_, lines)) => lines.push(rest.to_string()),
+                None => p.replies.push((from, vec![rest.to_string()])),
+            }
+        }
+    }
+
+    /// Answer the CLI client of query `tag` and close it.
+    fn finish(&mut self, tag: u64) {
+        let Some(p) = self.pending.remove(&tag) else {
+            return;
+        };
+        let dev = &self.devices[p.dev];
+        let slot_of = |c: u64| dev.owner.iter().position(|o| *o == Some(c));
+        let mut out = String::new();
+        match p.query {
+            Query::Stat => {
+                // Totals in the order the first process listed them.
+                let mut names: Vec<String> = Vec::new();
+                let mut sums: HashMap<String, u64> = HashMap::new();
+                for (_, lines) in &p.replies {
+                    for kv in lines.iter().flat_map(|l| l.split_whitespace()) {
+                        if let Some((k, v)) = kv.split_once('=') {
+                            if k == "pid" {
+                                continue;
+                            }
+                            let v: u64 = v.parse().unwrap_or(0);
+                            if !sums.contains_key(k) {
+                                names.push(k.to_string());
+                            }
+                            *sums.entry(k.to_string()).or_default() += v;
+                        }
+                    }
+                }
+                out += &format!("link {}/1", dev.spec.name);
+                for k in &names {
+                    out += &format!(" {k} {}", sums[k]);
+                }
+                out += &format!(
+                    "\n  daemon dropped_no_owner {} dropped_daemon_slot {}\n",
+                    dev.stats.no_owner, dev.stats.daemon_slot
+                );
+                for (c, lines) in &p.replies {
+                    for l in lines {
+                        let slot = slot_of(*c).map_or("-".into(), |s| s.to_string());
+                        out += &format!("  slot {slot} {}\n", l.replace('=', " "));
+                    }
+                }
+            }
+            Query::Qps => {
+                for (c, lines) in &p.replies {
+                    for l in lines {
+                        let slot = slot_of(*c).map_or("-".into(), |s| s.to_string());
+                        // key=value pairs read as "key value" (the rdma
+                        // tool's style); the error text stays as written.
+                        let (kv, err) = match l.split_once(" error=") {
+                            Some((kv, e)) => (kv, format!(" error: {e}")),
+                            None => (l.as_str(), String::new()),
+                        };
+                        out += &format!(
+                            "link {}/1 slot {slot} {}{err}\n",
+                            dev.spec.name,
+                            kv.replace('=', " ")
+                        );
+                    }
+                }
+                if out.is_empty() {
+                    out += &format!("link {}/1: no QPs\n", dev.spec.name);
+                }
+            }
+            Query::Fault => {
+                let ok = p
+                    .replies
+                    .iter()
+                    .filter(|(_, l)| l.iter().any(|x| x == "OK"))
+                    .count();
+                for (_, lines) in &p.replies {
+                    for l in lines.iter().filter(|l| l.starts_with("ERR")) {
+                        out += &format!("{l}\n");
+                    }
+                }
+                out += &format!(
+                    "fault on {}: {} ({} of {} processes applied it; processes that open it later get it too)\n",
+                    dev.spec.name,
+                    dev.fault.as_deref().unwrap_or("off"),
+                    ok,
+                    p.replies.len() + p.waiting.len()
+                );
+            }
+        }
+        for w in &p.waiting {
+            out += &format!("  no answer from the process in slot {:?}\n", slot_of(*w));
+        }
+        if let Some(c) = self.clients.get_mut(&p.cli) {
+            let _ = c.stream.set_nonblocking(false);
+            let _ = c.stream.write_all(out.as_bytes());
+        }
+        self.release(p.cli);
     }
 
     /// Give client `id` a slot of device `name` and send its socket.
@@ -580,6 +812,9 @@ impl Server {
             .map_err(|e| format!("sending the slot socket: {e}"))?;
         dev.owner[slot] = Some(id);
         c.slots.push((d, slot));
+        if let Some(f) = &dev.fault {
+            let _ = c.stream.write_all(format!("FAULT 0 {f}\n").as_bytes());
+        }
         Ok(())
     }
 
@@ -588,11 +823,28 @@ impl Server {
         let Some(c) = self.clients.remove(&id) else {
             return;
         };
+        // Queries waiting for it finish without it.
+        let tags: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.waiting.contains(&id))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in &tags {
+            if let Some(p) = self.pending.get_mut(t) {
+                p.waiting.retain(|w| *w != id);
+            }
+        }
         for (d, s) in c.slots {
             self.release_seq += 1;
             let dev = &mut self.devices[d];
             dev.owner[s] = None;
             dev.released[s] = self.release_seq;
+        }
+        for t in tags {
+            if self.pending.get(&t).is_some_and(|p| p.waiting.is_empty()) {
+                self.finish(t);
+            }
         }
     }
 

@@ -63,6 +63,34 @@ impl EngineConfig {
     }
 }
 
+/// What [`Engine::qp_summaries`] reports of one QP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpSummary {
+    /// QP number.
+    pub qpn: u32,
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Current state.
+    pub state: QpState,
+    /// Remote QPN (connected QPs).
+    pub dest_qpn: u32,
+    /// Remote address (connected QPs with an address vector).
+    pub peer: Option<IpAddr>,
+    /// Next PSN the requester sends.
+    pub sq_psn: u32,
+    /// Oldest PSN not yet acknowledged (equal to `sq_psn` when nothing is
+    /// outstanding).
+    pub unacked_psn: u32,
+    /// Next PSN the responder expects.
+    pub rq_psn: u32,
+    /// Send WRs not yet completed.
+    pub send_wrs: usize,
+    /// Receive WRs posted and not yet used.
+    pub recv_wrs: usize,
+    /// Why the QP is in ERR, in words.
+    pub error: Option<String>,
+}
+
 /// `struct ibv_qp_init_attr` as the engine needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInitAttr {
@@ -864,6 +892,30 @@ impl<M: Memory> Engine<M> {
         self.qps
             .get(&qpn)
             .and_then(|q| q.error_cause.as_ref().map(|c| c.0.as_str()))
+    }
+
+    /// A one-line view of every QP, ordered by QPN: for `rxe-emu qp show`
+    /// and for people debugging a stuck connection.
+    pub fn qp_summaries(&self) -> Vec<QpSummary> {
+        let mut v: Vec<QpSummary> = self
+            .qps
+            .values()
+            .map(|q| QpSummary {
+                qpn: q.qpn,
+                qp_type: q.qp_type,
+                state: q.state,
+                dest_qpn: q.attr.dest_qp_num,
+                peer: q.path.map(|(_, remote)| remote),
+                sq_psn: q.req_psn.value(),
+                unacked_psn: q.comp_psn.value(),
+                rq_psn: q.resp_psn.value(),
+                send_wrs: q.sq.len(),
+                recv_wrs: q.rq.len(),
+                error: q.error_cause.as_ref().map(|c| c.0.clone()),
+            })
+            .collect();
+        v.sort_by_key(|s| s.qpn);
+        v
     }
 
     /// `ibv_query_qp`: current attributes and creation attributes.

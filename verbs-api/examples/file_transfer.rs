@@ -98,6 +98,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             loss,
             duplicate: 0.0,
             reorder: 0.0,
+            corrupt: 0.0,
         });
     }
     let tx = Device::open(cfg)?;

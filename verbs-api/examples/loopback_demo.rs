@@ -33,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         loss,
         duplicate: loss / 2.0,
         reorder: loss,
+        corrupt: 0.0,
     });
     let a = Device::open(cfg_a)?;
     let b = Device::open(DeviceConfig::new("127.0.0.2".parse()?))?;

@@ -31,6 +31,54 @@ pub struct FaultConfig {
     pub duplicate: f64,
     /// Probability a datagram is held back and sent after the next one.
     pub reorder: f64,
+    /// Probability one random bit of a datagram is flipped after its ICRC
+    /// was computed (the receiver counts an ICRC error and drops it).
+    pub corrupt: f64,
+}
+
+impl FaultConfig {
+    /// `drop=P dup=P reorder=P corrupt=P seed=N` (probabilities 0..=1; any
+    /// subset): the form `rxe-emu fault` sends to each process.
+    pub fn parse(spec: &str) -> std::result::Result<FaultConfig, String> {
+        let mut f = FaultConfig {
+            seed: 0,
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            corrupt: 0.0,
+        };
+        for kv in spec.split_whitespace() {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("fault: {kv:?} is not key=value"))?;
+            if k == "seed" {
+                f.seed = v.parse().map_err(|_| format!("fault: bad seed {v:?}"))?;
+                continue;
+            }
+            let p: f64 = v
+                .parse()
+                .ok()
+                .filter(|p: &f64| (0.0..=1.0).contains(p))
+                .ok_or_else(|| format!("fault: {k}={v} is not a probability in 0..=1"))?;
+            match k {
+                "drop" => f.loss = p,
+                "dup" => f.duplicate = p,
+                "reorder" => f.reorder = p,
+                "corrupt" => f.corrupt = p,
+                _ => {
+                    return Err(format!(
+                        "fault: unknown key {k:?} (drop, dup, reorder, corrupt, seed)"
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    /// Whether it injects nothing.
+    pub fn is_off(&self) -> bool {
+        self.loss == 0.0 && self.duplicate == 0.0 && self.reorder == 0.0 && self.corrupt == 0.0
+    }
 }
 
 /// How to open a device.
@@ -114,6 +162,8 @@ pub(crate) struct Inner {
     /// The daemon connection of a daemon device; end-of-file on it means
     /// the daemon is gone.
     control: Option<std::os::unix::net::UnixStream>,
+    /// Bytes from the daemon not yet making a whole line.
+    control_buf: Mutex<Vec<u8>>,
     /// Why the device failed, once it has.
     pub(crate) failed: Mutex<Option<String>>,
     wake_tx: UnixDatagram,
@@ -338,6 +388,11 @@ impl Inner {
         if f.rng.chance(f.cfg.loss) {
             return;
         }
+        let mut t = t;
+        if f.rng.chance(f.cfg.corrupt) && !t.payload.is_empty() {
+            let bit = f.rng.below(t.payload.len() as u64 * 8);
+            t.payload[(bit / 8) as usize] ^= 1 << (bit % 8);
+        }
         let dup = f.rng.chance(f.cfg.duplicate);
         if f.rng.chance(f.cfg.reorder) && f.held.is_none() {
             f.held = Some(t);
@@ -494,13 +549,36 @@ impl Inner {
         {
             return;
         }
-        let mut b = [0u8; 64];
-        let gone = match (&*c).read(&mut b) {
-            Ok(_) => true, // end-of-file, or a message we never expect
-            Err(e) => {
-                e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted
+        let mut gone;
+        let mut lines = Vec::new();
+        {
+            let mut buf = self.control_buf.lock().unwrap_or_else(|p| p.into_inner());
+            let mut b = [0u8; 1024];
+            loop {
+                match (&*c).read(&mut b) {
+                    Ok(0) => {
+                        gone = true;
+                        break;
+                    }
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        gone = e.kind() != io::ErrorKind::WouldBlock;
+                        break;
+                    }
+                }
             }
-        };
+            while let Some(nl) = buf.iter().position(|&x| x == b'\n') {
+                let l: Vec<u8> = buf.drain(..=nl).collect();
+                lines.push(String::from_utf8_lossy(&l).trim().to_string());
+            }
+            if buf.len() > 65536 {
+                gone = true; // not the daemon we know
+            }
+        }
+        for l in lines {
+            self.daemon_request(c, &l);
+        }
         if gone {
             let why =
                 "rxe-emud, which hosts this device, stopped or closed the connection".to_string();
@@ -509,6 +587,64 @@ impl Inner {
             e.fail_device(&why);
             self.flush(&mut e);
         }
+    }
+
+    /// Answer a request of the daemon (for `rxe-emu stat`, `qp show` and
+    /// `fault`): `R <tag> ...` lines, then `R <tag> END`. Unknown requests
+    /// (a newer daemon) are answered with END alone.
+    fn daemon_request(&self, c: &std::os::unix::net::UnixStream, line: &str) {
+        use std::io::Write;
+        let mut w = line.splitn(3, ' ');
+        let (kind, tag, rest) = (w.next().unwrap_or(""), w.next().unwrap_or("0"), w.next());
+        let mut out = Vec::new();
+        match kind {
+            "STAT" => {
+                let c = self.lock().counters().clone();
+                let mut l = format!("pid={}", std::process::id());
+                for (k, v) in c.iter() {
+                    l += &format!(" {k}={v}");
+                }
+                out.push(l);
+            }
+            "QPS" => {
+                for q in self.lock().qp_summaries() {
+                    out.push(format!(
+                        "pid={} qpn={:#x} type={:?} state={:?} dqpn={:#x} peer={} sq_psn={:#x} unacked_psn={:#x} rq_psn={:#x} send_wrs={} recv_wrs={}{}",
+                        std::process::id(),
+                        q.qpn,
+                        q.qp_type,
+                        q.state,
+                        q.dest_qpn,
+                        q.peer.map_or("-".to_string(), |p| p.to_string()),
+                        q.sq_psn,
+                        q.unacked_psn,
+                        q.rq_psn,
+                        q.send_wrs,
+                        q.recv_wrs,
+                        q.error.map_or(String::new(), |e| format!(" error={e}"))
+                    ));
+                }
+            }
+            "FAULT" => match FaultConfig::parse(rest.unwrap_or("")) {
+                Ok(f) => {
+                    *self.faults.lock().unwrap_or_else(|p| p.into_inner()) =
+                        (!f.is_off()).then(|| Faults {
+                            cfg: f,
+                            rng: Rng::new(f.seed),
+                            held: None,
+                        });
+                    out.push("OK".into());
+                }
+                Err(e) => out.push(format!("ERR {e}")),
+            },
+            _ => {}
+        }
+        let mut text = String::new();
+        for l in out {
+            text += &format!("R {tag} {l}\n");
+        }
+        text += &format!("R {tag} END\n");
+        let _ = (&*c).write_all(text.as_bytes());
     }
 
     /// The fds to wait on: socket, wake pipe, and the daemon connection
@@ -746,6 +882,7 @@ impl Device {
             wake_rx,
             deferred: Mutex::new(Vec::new()),
             control,
+            control_buf: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
         });
         let worker = inner.clone();

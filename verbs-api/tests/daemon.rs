@@ -477,3 +477,79 @@ fn a_killed_client_frees_its_slot_and_its_peer_gets_retry_exceeded() {
         );
     }
 }
+
+#[test]
+fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
+    let d = Daemon::start("cli", "rxe0=127.0.21.6", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 8, 1, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 8, 1, 0);
+    let mut buf = vec![1u8; 32];
+    let amr = a.pd.reg_mr(&mut buf, ALL).unwrap();
+    let mut bbuf = vec![0u8; 32];
+    let bmr = b.pd.reg_mr(&mut bbuf, ALL).unwrap();
+    let send = |id: u64| {
+        b.qp.post_recv(RecvWr {
+            wr_id: id,
+            sg_list: vec![bmr.sge(0, 32)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(id, SendOp::Send, vec![amr.sge(0, 32)]))
+            .unwrap();
+        let wc = a.cq.wait(1, WAIT).unwrap();
+        let _ = b.cq.poll(4);
+        wc[0].status
+    };
+    assert_eq!(send(1), WcStatus::Success);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    // Counters: per process and the device total (kernel names).
+    let stat = ask("STAT rxe0");
+    let sent = |line: &str| -> u64 {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let i = w.iter().position(|x| *x == "sent_pkts").unwrap();
+        w[i + 1].parse().unwrap()
+    };
+    let lines: Vec<&str> = stat.lines().collect();
+    assert!(lines[0].starts_with("link rxe0/1 sent_pkts"), "{stat}");
+    let per: u64 = lines
+        .iter()
+        .filter(|l| l.contains(" pid "))
+        .map(|l| sent(l))
+        .sum();
+    assert_eq!(sent(lines[0]), per, "{stat}");
+    assert_eq!(
+        sent(lines[0]),
+        a.dev.counters().sent_pkts + b.dev.counters().sent_pkts
+    );
+    // QPs of both processes, with state and PSNs.
+    let qps = ask("QPS rxe0");
+    for qpn in [a.qp.qpn(), b.qp.qpn()] {
+        let l = qps
+            .lines()
+            .find(|l| l.contains(&format!("qpn {qpn:#x} ")))
+            .unwrap_or_else(|| panic!("QP {qpn:#x} missing: {qps}"));
+        assert!(l.contains("state Rts") && l.contains("type Rc"), "{l}");
+    }
+    // Drop everything: the next SEND exhausts its retries.
+    let f = ask("FAULT rxe0 drop=1 seed=3");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    assert_eq!(send(2), WcStatus::RetryExcErr);
+    let qps = ask("QPS rxe0");
+    assert!(
+        qps.lines().any(|l| l.contains("state Err")
+            && l.contains("error: SEND (wr_id 2) completed with IBV_WC_RETRY_EXC_ERR")),
+        "the QP in ERR says why: {qps}"
+    );
+    // A process that opens the device now gets the fault too; turning it
+    // off reaches everyone.
+    let c = side(d.open(), QpType::Rc);
+    let f = ask("FAULT rxe0 drop=0 seed=3");
+    assert!(f.contains("3 of 3 processes applied it"), "{f}");
+    drop(c);
+    let bad = ask("FAULT rxe0 drop=7");
+    assert!(
+        bad.contains("ERR fault: drop=7 is not a probability"),
+        "{bad}"
+    );
+}

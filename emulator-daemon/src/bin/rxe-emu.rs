@@ -32,11 +32,66 @@ enum Cmd {
     Stop,
     /// Devices, slots in use by which process, and drop counters.
     Status,
+    /// Protocol counters (kernel rxe's names): device totals, the daemon's
+    /// drops, and each process.
+    Stat {
+        /// Device (default rxe0).
+        #[arg(default_value = "rxe0")]
+        dev: String,
+    },
+    /// Queue pairs.
+    Qp {
+        #[command(subcommand)]
+        cmd: QpCmd,
+    },
+    /// Seeded, reproducible fault injection on every process of a device
+    /// (and those that open it later). Percentages; all zero turns it off.
+    Fault {
+        /// Device.
+        dev: String,
+        /// Datagrams dropped, e.g. 2%.
+        #[arg(long, default_value = "0%")]
+        drop: String,
+        /// Datagrams sent twice.
+        #[arg(long, default_value = "0%")]
+        dup: String,
+        /// Datagrams sent after the next one.
+        #[arg(long, default_value = "0%")]
+        reorder: String,
+        /// Datagrams with one bit flipped (dropped by the receiver's ICRC check).
+        #[arg(long, default_value = "0%")]
+        corrupt: String,
+        /// Seed: the same seed gives the same faults for the same traffic.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Work with captures.
     Pcap {
         #[command(subcommand)]
         cmd: PcapCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum QpCmd {
+    /// Each QP's state, PSNs, outstanding WRs and error, per process.
+    Show {
+        /// Device (default rxe0).
+        #[arg(default_value = "rxe0")]
+        dev: String,
+    },
+}
+
+/// "2%" or "0.5%" or "0.02" as a probability.
+fn probability(s: &str) -> f64 {
+    let v = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+        None => s.trim().parse::<f64>(),
+    };
+    match v {
+        Ok(p) if (0.0..=1.0).contains(&p) => p,
+        _ => die(format!("{s:?} is not a percentage (like 2% or 0.1%)")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -74,6 +129,41 @@ fn main() {
             print!("{}: {}", file.display(), r.render());
             if !r.passed() {
                 std::process::exit(1);
+            }
+        }
+        Cmd::Stat { dev } => {
+            match emulator_daemon::client::request(&path, &format!("STAT {dev}")) {
+                Ok(s) if s.starts_with("ERR ") => die(s.trim_end()),
+                Ok(s) => print!("{s}"),
+                Err(e) => die(e),
+            }
+        }
+        Cmd::Qp {
+            cmd: QpCmd::Show { dev },
+        } => match emulator_daemon::client::request(&path, &format!("QPS {dev}")) {
+            Ok(s) if s.starts_with("ERR ") => die(s.trim_end()),
+            Ok(s) => print!("{s}"),
+            Err(e) => die(e),
+        },
+        Cmd::Fault {
+            dev,
+            drop,
+            dup,
+            reorder,
+            corrupt,
+            seed,
+        } => {
+            let spec = format!(
+                "drop={} dup={} reorder={} corrupt={} seed={seed}",
+                probability(&drop),
+                probability(&dup),
+                probability(&reorder),
+                probability(&corrupt)
+            );
+            match emulator_daemon::client::request(&path, &format!("FAULT {dev} {spec}")) {
+                Ok(s) if s.starts_with("ERR") => die(s.trim_end()),
+                Ok(s) => print!("{s}"),
+                Err(e) => die(e),
             }
         }
         Cmd::Status => match emulator_daemon::client::request(&path, "STATUS") {
