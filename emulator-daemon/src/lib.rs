@@ -31,10 +31,12 @@
 #![deny(missing_docs)]
 
 pub mod client;
+pub mod explain;
 mod fdpass;
 pub mod pcap_check;
 pub mod proto;
 pub mod server;
 mod steer;
+pub mod trace;
 
 pub use proto::{default_socket_path, DeviceInfo};

@@ -111,6 +111,8 @@ struct Device {
     /// The fault spec `rxe-emu fault` set (sent to every process that
     /// opens the device later too).
     fault: Option<String>,
+    /// The `rxe-emu trace` client watching the device, and its tag.
+    tracer: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +143,12 @@ struct Client {
     buf: Vec<u8>,
     /// (device index, slot) pairs this client holds.
     slots: Vec<(usize, usize)>,
+    /// Bytes queued for it (trace output), written as it reads.
+    out: Vec<u8>,
 }
+
+/// Most trace output queued for a slow reader; more is dropped.
+const MAX_OUT: usize = 16 << 20;
 
 /// A bound daemon, ready to [`Server::run`].
 pub struct Server {
@@ -159,6 +166,20 @@ pub struct Server {
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
+}
+
+/// Write what is queued for a client, as much as it takes now.
+fn write_out(c: &mut Client) {
+    while !c.out.is_empty() {
+        match c.stream.write(&c.out) {
+            Ok(0) => break,
+            Ok(n) => {
+                c.out.drain(..n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
 }
 
 /// The MTU of the netdev that has `addr`.
@@ -291,6 +312,7 @@ impl Server {
                 released: vec![0; n],
                 stats: DeviceStats::default(),
                 fault: None,
+                tracer: None,
             });
         }
         // We hold the lock: a socket file left there is stale.
@@ -360,10 +382,13 @@ impl Server {
                 }
                 fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
                 for id in &client_ids {
-                    fds.push(PollFd::new(
-                        self.clients[id].stream.as_fd(),
-                        PollFlags::POLLIN,
-                    ));
+                    let c = &self.clients[id];
+                    let ev = if c.out.is_empty() {
+                        PollFlags::POLLIN
+                    } else {
+                        PollFlags::POLLIN | PollFlags::POLLOUT
+                    };
+                    fds.push(PollFd::new(c.stream.as_fd(), ev));
                 }
                 for &(d, s) in &free {
                     fds.push(PollFd::new(
@@ -419,6 +444,9 @@ impl Server {
                 self.accept_all();
             }
             for id in client_ready {
+                if let Some(c) = self.clients.get_mut(&id) {
+                    write_out(c);
+                }
                 if self.clients.contains_key(&id) && self.serve(id) {
                     stopping = true;
                 }
@@ -487,6 +515,7 @@ impl Server {
                     uid,
                     buf: Vec::new(),
                     slots: Vec::new(),
+                    out: Vec::new(),
                 },
             );
         }
@@ -534,6 +563,19 @@ impl Server {
                 self.reply(id, reply);
                 continue;
             }
+            if let Some(kind @ ("P" | "N" | "E")) =
+                line.get(..1).filter(|_| line.get(1..2) == Some(" "))
+            {
+                self.forward_trace(id, kind, &line[2..]);
+                continue;
+            }
+            if self
+                .devices
+                .iter()
+                .any(|d| d.tracer.is_some_and(|(c, _)| c == id))
+            {
+                continue; // a tracer has nothing more to ask
+            }
             let mut words = line.split_whitespace();
             match (words.next(), words.next(), words.next()) {
                 (Some(q @ ("STAT" | "QPS")), Some(dev), None) => {
@@ -545,6 +587,13 @@ impl Server {
                     } else {
                         // Answered (and closed) by `finish`.
                         return stop;
+                    }
+                }
+                (Some("TRACE"), Some(dev), None) => {
+                    if let Err(e) = self.start_trace(id, dev) {
+                        let c = self.clients.get_mut(&id).expect("client exists");
+                        let _ = c.stream.write_all(format!("ERR {e}\n").as_bytes());
+                        done = true;
                     }
                 }
                 (Some("FAULT"), Some(dev), _) => {
@@ -646,6 +695,62 @@ impl Server {
             self.finish(tag);
         }
         Ok(())
+    }
+
+    /// Make CLI client `cli` the tracer of device `name`: every process
+    /// of the device (and every later one) sends it what it sends and
+    /// receives until `cli` goes away.
+    fn start_trace(&mut self, cli: u64, name: &str) -> Result<(), String> {
+        let d = self
+            .devices
+            .iter()
+            .position(|d| d.spec.name == name)
+            .ok_or_else(|| format!("no device {name:?}"))?;
+        if let Some((other, _)) = self.devices[d].tracer {
+            if self.clients.contains_key(&other) {
+                return Err(format!("device {name} is already being traced"));
+            }
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.devices[d].tracer = Some((cli, tag));
+        let header = format!(
+            "T {} {}\n",
+            self.devices[d].spec.name, self.devices[d].spec.addr
+        );
+        if let Some(c) = self.clients.get_mut(&cli) {
+            c.out.extend_from_slice(header.as_bytes());
+            write_out(c);
+        }
+        let owners: Vec<u64> = self.devices[d].owner.iter().flatten().copied().collect();
+        for o in owners {
+            if let Some(c) = self.clients.get_mut(&o) {
+                let _ = c.stream.write_all(format!("TRACE {tag} on\n").as_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    /// A trace line from a process: to the device's tracer, with the slot.
+    fn forward_trace(&mut self, from: u64, kind: &str, rest: &str) {
+        let (tag, body) = rest.split_once(' ').unwrap_or((rest, ""));
+        let Ok(tag) = tag.parse::<u64>() else { return };
+        let Some(dev) = self
+            .devices
+            .iter()
+            .find(|d| d.tracer.is_some_and(|(_, t)| t == tag))
+        else {
+            return; // a trace that ended
+        };
+        let slot = dev.owner.iter().position(|o| *o == Some(from)).unwrap_or(0);
+        let cli = dev.tracer.map(|(c, _)| c).unwrap_or(0);
+        if let Some(c) = self.clients.get_mut(&cli) {
+            if c.out.len() < MAX_OUT {
+                c.out
+                    .extend_from_slice(format!("{kind} {slot} {body}\n").as_bytes());
+                write_out(c);
+            }
+        }
     }
 
     /// A process answered (`<tag> <line>` or `<tag> END`).
@@ -815,6 +920,9 @@ impl Server {
         if let Some(f) = &dev.fault {
             let _ = c.stream.write_all(format!("FAULT 0 {f}\n").as_bytes());
         }
+        if let Some((_, tag)) = dev.tracer {
+            let _ = c.stream.write_all(format!("TRACE {tag} on\n").as_bytes());
+        }
         Ok(())
     }
 
@@ -844,6 +952,21 @@ impl Server {
         for t in tags {
             if self.pending.get(&t).is_some_and(|p| p.waiting.is_empty()) {
                 self.finish(t);
+            }
+        }
+        // A tracer that left: the processes stop sending.
+        for d in 0..self.devices.len() {
+            if let Some((cli, tag)) = self.devices[d].tracer {
+                if cli == id {
+                    self.devices[d].tracer = None;
+                    let owners: Vec<u64> =
+                        self.devices[d].owner.iter().flatten().copied().collect();
+                    for o in owners {
+                        if let Some(c) = self.clients.get_mut(&o) {
+                            let _ = c.stream.write_all(format!("TRACE {tag} off\n").as_bytes());
+                        }
+                    }
+                }
             }
         }
     }

@@ -171,6 +171,9 @@ pub(crate) struct Ctx<M> {
     /// once `out` is empty.
     pub read_ready: VecDeque<u32>,
     pub events: VecDeque<AsyncEvent>,
+    /// Explanations of QP state changes, kept only while tracing.
+    pub notes: VecDeque<String>,
+    pub tracing: bool,
     pub notify: VecDeque<CqHandle>,
     pub counters: Counters,
     pub cfg: EngineConfig,
@@ -207,6 +210,13 @@ pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
 }
 
 impl<M> Ctx<M> {
+    /// Record an explanation for a trace (formatted only while tracing).
+    pub fn note(&mut self, text: impl FnOnce() -> String) {
+        if self.tracing {
+            self.notes.push_back(text());
+        }
+    }
+
     pub fn event(&mut self, kind: AsyncEventKind, object: EventObject, reason: String) {
         self.events.push_back(AsyncEvent {
             kind,
@@ -263,6 +273,8 @@ impl<M: Memory> Engine<M> {
                 events: VecDeque::new(),
                 notify: VecDeque::new(),
                 read_ready: VecDeque::new(),
+                notes: VecDeque::new(),
+                tracing: false,
                 counters: Counters::default(),
                 cfg,
             },
@@ -598,6 +610,21 @@ impl<M: Memory> Engine<M> {
             .cqs
             .get(&cq)
             .is_some_and(|c| c.arm != crate::cq::Arm::None)
+    }
+
+    /// Explain QP state changes from now on ([`Engine::poll_note`]), for
+    /// `rxe-emu trace`; off by default (nothing is formatted then).
+    pub fn set_tracing(&mut self, on: bool) {
+        self.ctx.tracing = on;
+        if !on {
+            self.ctx.notes.clear();
+        }
+    }
+
+    /// The next explanation of a QP state change, e.g. `QP 0x11: RTR ->
+    /// RTS`, or `QP 0x11 -> ERR: ...; 3 WRs flushed`.
+    pub fn poll_note(&mut self) -> Option<String> {
+        self.ctx.notes.pop_front()
     }
 
     /// The next CQ whose armed notification fired.
@@ -955,7 +982,15 @@ impl<M: Memory> Engine<M> {
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<()> {
+        let before = self.qps.get(&qpn).map(|q| q.state);
         let r = self.modify_qp_inner(now, qpn, attr, mask);
+        let after = self.qps.get(&qpn).map(|q| q.state);
+        if let (Some(b), Some(a)) = (before, after) {
+            if a != b {
+                self.ctx
+                    .note(|| format!("QP {qpn:#x}: {b:?} -> {a:?} (modify_qp)"));
+            }
+        }
         self.reindex(qpn);
         r
     }

@@ -468,7 +468,14 @@ pub(crate) fn flush_send_queue<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 /// Move the QP to ERR: record why, stop the timers, flush both queues
 /// (IBTA 10.3.1, 11.4.2.1).
 pub(crate) fn enter_error<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, why: Option<String>) {
+    let flushed = qp.sq.len() + qp.rq.len();
     if let Some(w) = why {
+        ctx.note(|| {
+            format!(
+                "QP {:#x} {:?} -> ERR: {w}; {flushed} WRs flushed",
+                qp.qpn, qp.state
+            )
+        });
         set_cause(qp, w);
     }
     qp.state = QpState::Err;

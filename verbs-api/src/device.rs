@@ -164,6 +164,13 @@ pub(crate) struct Inner {
     control: Option<std::os::unix::net::UnixStream>,
     /// Bytes from the daemon not yet making a whole line.
     control_buf: Mutex<Vec<u8>>,
+    /// Lines for the daemon not yet written (the connection is
+    /// non-blocking; whole lines only, so nothing interleaves).
+    control_out: Mutex<Vec<u8>>,
+    /// `rxe-emu trace` is watching: every datagram sent and received, QP
+    /// state changes and events go to the daemon, tagged.
+    tracing: AtomicBool,
+    trace_tag: Mutex<String>,
     /// Why the device failed, once it has.
     pub(crate) failed: Mutex<Option<String>>,
     wake_tx: UnixDatagram,
@@ -421,7 +428,15 @@ impl Inner {
 
     fn deliver_notifications(&self, eng: &mut Engine<HostMemory>) {
         // Asynchronous events: queue them and signal the event fd.
+        if self.tracing.load(Ordering::Relaxed) {
+            while let Some(n) = eng.poll_note() {
+                self.trace_line('N', &n);
+            }
+        }
         while let Some(ev) = eng.poll_event() {
+            if self.tracing.load(Ordering::Relaxed) {
+                self.trace_line('E', &format!("{:?}: {}", ev.kind, ev.reason));
+            }
             self.events
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -468,7 +483,73 @@ impl Inner {
             // A full socket buffer or an unreachable peer is packet loss
             // to the transport; retransmission recovers.
             eng.note_send_error();
+        } else if self.tracing.load(Ordering::Relaxed) {
+            self.trace_packet('t', &t.info, &t.payload);
         }
+    }
+
+    /// Queue a line for the daemon and write what the connection takes.
+    /// Past 8 MiB queued (a stalled reader) lines are dropped, never the
+    /// data path.
+    fn to_daemon(&self, line: &str) {
+        let Some(c) = &self.control else { return };
+        let mut out = self.control_out.lock().unwrap_or_else(|p| p.into_inner());
+        if out.len() + line.len() > 8 << 20 {
+            return;
+        }
+        out.extend_from_slice(line.as_bytes());
+        Self::write_out(c, &mut out);
+    }
+
+    fn write_out(c: &std::os::unix::net::UnixStream, out: &mut Vec<u8>) {
+        use std::io::Write;
+        while !out.is_empty() {
+            match (&*c).write(out) {
+                Ok(0) => break,
+                Ok(n) => {
+                    out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Write what is queued for the daemon.
+    fn flush_control_out(&self) {
+        let Some(c) = &self.control else { return };
+        let mut out = self.control_out.lock().unwrap_or_else(|p| p.into_inner());
+        if !out.is_empty() {
+            Self::write_out(c, &mut out);
+        }
+    }
+
+    /// `<kind> <tag> <wall-clock ns> <text>` to the tracer.
+    fn trace_line(&self, kind: char, text: &str) {
+        let tag = self
+            .trace_tag
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        self.to_daemon(&format!("{kind} {tag} {ns} {}\n", text.replace('\n', " ")));
+    }
+
+    /// A datagram sent (`t`) or received (`r`), for the tracer.
+    fn trace_packet(&self, dir: char, info: &wire::icrc::IpUdpInfo, payload: &[u8]) {
+        let mut hex = String::with_capacity(payload.len() * 2);
+        for b in payload {
+            hex += &format!("{b:02x}");
+        }
+        self.trace_line(
+            'P',
+            &format!(
+                "{dir} {} {} {} {} {hex}",
+                info.src, info.src_port, info.dst, info.dst_port
+            ),
+        );
     }
 
     /// Read every datagram waiting on the socket into the engine, and fire
@@ -496,6 +577,17 @@ impl Inner {
                         ipv4_id: None,
                         payload: &buf[..n],
                     };
+                    if self.tracing.load(Ordering::Relaxed) {
+                        let info = wire::icrc::IpUdpInfo {
+                            src: dg.src,
+                            dst: dg.dst,
+                            src_port: dg.src_port,
+                            dst_port: dg.dst_port,
+                            ipv4_id: 0,
+                            ipv4_flags_frag: 0x4000,
+                        };
+                        self.trace_packet('r', &info, dg.payload);
+                    }
                     e.handle_datagram(now, &dg);
                     // Send what it produced before reading more, so a burst
                     // of requests cannot pile up responses in memory.
@@ -577,7 +669,7 @@ impl Inner {
             }
         }
         for l in lines {
-            self.daemon_request(c, &l);
+            self.daemon_request(&l);
         }
         if gone {
             let why =
@@ -592,8 +684,7 @@ impl Inner {
     /// Answer a request of the daemon (for `rxe-emu stat`, `qp show` and
     /// `fault`): `R <tag> ...` lines, then `R <tag> END`. Unknown requests
     /// (a newer daemon) are answered with END alone.
-    fn daemon_request(&self, c: &std::os::unix::net::UnixStream, line: &str) {
-        use std::io::Write;
+    fn daemon_request(&self, line: &str) {
         let mut w = line.splitn(3, ' ');
         let (kind, tag, rest) = (w.next().unwrap_or(""), w.next().unwrap_or("0"), w.next());
         let mut out = Vec::new();
@@ -625,6 +716,13 @@ impl Inner {
                     ));
                 }
             }
+            "TRACE" => {
+                let on = rest == Some("on");
+                *self.trace_tag.lock().unwrap_or_else(|p| p.into_inner()) = tag.to_string();
+                self.tracing.store(on, Ordering::SeqCst);
+                self.lock().set_tracing(on);
+                return;
+            }
             "FAULT" => match FaultConfig::parse(rest.unwrap_or("")) {
                 Ok(f) => {
                     *self.faults.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -644,7 +742,7 @@ impl Inner {
             text += &format!("R {tag} {l}\n");
         }
         text += &format!("R {tag} END\n");
-        let _ = (&*c).write_all(text.as_bytes());
+        self.to_daemon(&text);
     }
 
     /// The fds to wait on: socket, wake pipe, and the daemon connection
@@ -681,6 +779,7 @@ impl Inner {
         while !self.stop.load(Ordering::SeqCst) {
             while self.wake_rx.recv(&mut wbuf).is_ok() {}
             self.check_control();
+            self.flush_control_out();
             // While an application spins on poll it reads the socket, fires
             // timers and sends held responses itself: stay off the core and
             // the lock (a wake preempts a spinning thread on a small
@@ -883,6 +982,9 @@ impl Device {
             deferred: Mutex::new(Vec::new()),
             control,
             control_buf: Mutex::new(Vec::new()),
+            control_out: Mutex::new(Vec::new()),
+            tracing: AtomicBool::new(false),
+            trace_tag: Mutex::new(String::new()),
             failed: Mutex::new(None),
         });
         let worker = inner.clone();

@@ -553,3 +553,54 @@ fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
         "{bad}"
     );
 }
+
+#[test]
+fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
+    let d = Daemon::start("trace", "rxe0=127.0.21.7", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    let pcap = d.path.with_file_name("trace.pcap");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (path, pcap2) = (d.path.clone(), pcap.clone());
+    let tracer = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let w = wire::pcap::PcapWriter::new(std::fs::File::create(&pcap2).unwrap()).unwrap();
+        let opts = emulator_daemon::trace::TraceOptions {
+            explain: true,
+            count: Some(4),
+        };
+        let n = emulator_daemon::trace::run(&path, "rxe0", &opts, Some(w), &mut out, || {
+            tx.send(()).unwrap()
+        })
+        .unwrap();
+        (n, String::from_utf8(out).unwrap())
+    });
+    rx.recv_timeout(WAIT).unwrap();
+    // The daemon sent "TRACE on" to both processes before this STAT, on
+    // the same connections: once they have answered, they are tracing.
+    let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let mut buf = vec![5u8; 64];
+    let amr = a.pd.reg_mr(&mut buf, ALL).unwrap();
+    let mut bbuf = vec![0u8; 128];
+    let bmr = b.pd.reg_mr(&mut bbuf, ALL).unwrap();
+    for i in 0..2 {
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![bmr.sge(0, 64)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(i, SendOp::Send, vec![amr.sge(0, 64)]))
+            .unwrap();
+        assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+        let _ = b.cq.wait(1, WAIT).unwrap();
+    }
+    let (n, out) = tracer.join().unwrap();
+    assert_eq!(n, 4, "{out}");
+    assert!(out.contains("Init -> Rtr (modify_qp)"), "{out}");
+    assert!(out.contains("RC SEND_ONLY psn"), "{out}");
+    assert!(out.contains("RC ACK → qp"), "{out}");
+    let r = emulator_daemon::pcap_check::check(&std::fs::read(&pcap).unwrap()).unwrap();
+    assert!(r.passed() && r.roce == 4, "{}", r.render());
+}

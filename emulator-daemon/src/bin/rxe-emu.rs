@@ -65,6 +65,22 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Live packets of a device, decoded (with --explain, in plain words),
+    /// with QP state changes and asynchronous events. Ctrl-C ends it.
+    Trace {
+        /// Device (default rxe0).
+        #[arg(default_value = "rxe0")]
+        dev: String,
+        /// Also write the packets to this pcap file.
+        #[arg(long)]
+        pcap: Option<PathBuf>,
+        /// A sentence per packet, for learning RDMA.
+        #[arg(long)]
+        explain: bool,
+        /// Stop after this many packets.
+        #[arg(long)]
+        count: Option<usize>,
+    },
     /// Work with captures.
     Pcap {
         #[command(subcommand)]
@@ -104,6 +120,10 @@ enum PcapCmd {
     },
 }
 
+fn wire_pcap_writer(f: std::fs::File) -> std::io::Result<wire::pcap::PcapWriter<std::fs::File>> {
+    wire::pcap::PcapWriter::new(f)
+}
+
 fn die(msg: impl std::fmt::Display) -> ! {
     eprintln!("rxe-emu: {msg}");
     std::process::exit(1);
@@ -129,6 +149,24 @@ fn main() {
             print!("{}: {}", file.display(), r.render());
             if !r.passed() {
                 std::process::exit(1);
+            }
+        }
+        Cmd::Trace {
+            dev,
+            pcap,
+            explain,
+            count,
+        } => {
+            let writer = pcap.map(|p| {
+                std::fs::File::create(&p)
+                    .and_then(wire_pcap_writer)
+                    .unwrap_or_else(|e| die(format!("{}: {e}", p.display())))
+            });
+            let opts = emulator_daemon::trace::TraceOptions { explain, count };
+            let mut out = std::io::stdout();
+            if let Err(e) = emulator_daemon::trace::run(&path, &dev, &opts, writer, &mut out, || {})
+            {
+                die(e);
             }
         }
         Cmd::Stat { dev } => {

@@ -1,0 +1,196 @@
+//! One line per RoCEv2 packet: terse (opcode, QPN, PSN, length) or, for
+//! people learning RDMA, in plain words (`rxe-emu trace --explain`).
+
+use wire::aeth::{NakCode, Syndrome};
+use wire::{OpFlags, PacketRepr, Transport};
+
+fn transport(t: Transport) -> &'static str {
+    match t {
+        Transport::Rc => "RC",
+        Transport::Uc => "UC",
+        Transport::Rd => "RD",
+        Transport::Ud => "UD",
+        _ => "??",
+    }
+}
+
+/// The opcode name without its transport prefix (`SEND_ONLY`).
+fn short(p: &PacketRepr<'_>) -> &'static str {
+    let n = p.bth.opcode.name();
+    n.split_once('_').map_or(n, |(_, rest)| rest)
+}
+
+/// `RC_SEND_ONLY qp 0x000011 psn 0x000012 len 64 [AckReq]`.
+pub fn terse(p: &PacketRepr<'_>) -> String {
+    format!(
+        "{} qp {:#08x} psn {:#08x} len {}{}{}",
+        p.bth.opcode.name(),
+        p.bth.dest_qpn,
+        p.bth.psn.value(),
+        p.payload.len(),
+        if p.bth.ack_req { " AckReq" } else { "" },
+        p.aeth
+            .map(|a| format!(" aeth {:?} msn {}", a.syndrome, a.msn))
+            .unwrap_or_default()
+    )
+}
+
+fn rnr_ms(code: u8) -> f64 {
+    wire::aeth::rnr_timer_ns(code) as f64 / 1e6
+}
+
+/// The packet in words, e.g. `RC WRITE_LAST psn 0x000012 → qp 0x11: 1024 B;
+/// AckReq (asks for an ACK)`, or `RNR NAK from qp 0x11: no receive posted;
+/// retry in 0.64 ms (timer code 12)`.
+pub fn explain(p: &PacketRepr<'_>) -> String {
+    let t = transport(p.bth.opcode.transport());
+    let qp = p.bth.dest_qpn;
+    let psn = p.bth.psn.value();
+    let flags = p.bth.opcode.info().map_or(OpFlags::empty(), |i| i.flags);
+    let len = p.payload.len();
+    let mut s = if let Some(a) = p.aeth.filter(|_| !flags.contains(OpFlags::REQ)) {
+        // Responses: ACK/NAK, READ responses, atomic ACKs.
+        if flags.contains(OpFlags::READ) {
+            format!(
+                "{t} READ response ({}) psn {psn:#08x} → qp {qp:#x}: {len} B of READ data",
+                short(p)
+            )
+        } else if let Some(ack) = p.atomic_ack {
+            format!("{t} atomic ACK psn {psn:#08x} → qp {qp:#x}: the target held {:#x} before the operation", ack.orig)
+        } else {
+            match a.syndrome {
+                Syndrome::Ack { .. } => format!(
+                    "{t} ACK → qp {qp:#x}: everything up to psn {psn:#08x} arrived (msn {})",
+                    a.msn
+                ),
+                Syndrome::RnrNak { timer } => format!(
+                    "{t} RNR NAK → qp {qp:#x} for psn {psn:#08x}: no receive posted at the responder; retry in {} ms (timer code {timer}), the requester's rnr_retry counts down",
+                    rnr_ms(timer)
+                ),
+                Syndrome::Nak(NakCode::PsnSequenceError) => format!(
+                    "{t} NAK (PSN sequence error) → qp {qp:#x}: a packet was lost; the responder expects psn {psn:#08x} and the requester resends from there"
+                ),
+                Syndrome::Nak(NakCode::RemoteAccessError) => format!(
+                    "{t} NAK (remote access error) → qp {qp:#x} for psn {psn:#08x}: bad rkey, range or permission; the WR fails with REM_ACCESS_ERR and both QPs go to ERR"
+                ),
+                Syndrome::Nak(NakCode::InvalidRequest) => format!(
+                    "{t} NAK (invalid request) → qp {qp:#x} for psn {psn:#08x}: the responder cannot do this (e.g. too long for the receive buffer); the WR fails with REM_INV_REQ_ERR"
+                ),
+                Syndrome::Nak(NakCode::RemoteOperationalError) => format!(
+                    "{t} NAK (remote operational error) → qp {qp:#x} for psn {psn:#08x}: the responder failed; the WR fails with REM_OP_ERR"
+                ),
+                Syndrome::Nak(other) => {
+                    format!("{t} NAK ({other:?}) → qp {qp:#x} for psn {psn:#08x}")
+                }
+                Syndrome::Reserved(b) => {
+                    format!("{t} ACK with reserved syndrome {b:#04x} → qp {qp:#x} (ignored)")
+                }
+            }
+        }
+    } else if flags.contains(OpFlags::READ) {
+        match p.reth {
+            Some(r) => format!(
+                "{t} READ request psn {psn:#08x} → qp {qp:#x}: {} B at {:#x} (rkey {:#x}); answered by READ responses",
+                r.dma_len, r.va, r.rkey
+            ),
+            None => format!("{t} READ request psn {psn:#08x} → qp {qp:#x} without a RETH"),
+        }
+    } else if let Some(a) = p.atomic {
+        if p.bth.opcode == wire::Opcode::RC_COMPARE_SWAP {
+            format!(
+                "{t} COMPARE_SWAP psn {psn:#08x} → qp {qp:#x}: if the 8 bytes at {:#x} (rkey {:#x}) are {:#x}, make them {:#x}",
+                a.va, a.rkey, a.compare, a.swap_add
+            )
+        } else {
+            format!(
+                "{t} FETCH_ADD psn {psn:#08x} → qp {qp:#x}: add {:#x} to the 8 bytes at {:#x} (rkey {:#x})",
+                a.swap_add, a.va, a.rkey
+            )
+        }
+    } else {
+        let mut s = format!("{t} {} psn {psn:#08x} → qp {qp:#x}: {len} B", short(p));
+        if let Some(r) = p.reth {
+            s += &format!(
+                " at {:#x} (rkey {:#x}, message of {} B)",
+                r.va, r.rkey, r.dma_len
+            );
+        }
+        if let Some(d) = p.deth {
+            s += &format!(" from qp {:#x} with Q_Key {:#x}", d.src_qpn, d.qkey);
+        }
+        if let Some(i) = p.immdt {
+            s += &format!("; immediate {:#010x}", i.imm);
+        }
+        if let Some(i) = p.ieth {
+            s += &format!("; invalidates rkey {:#x}", i.rkey);
+        }
+        s
+    };
+    if p.bth.ack_req {
+        s += "; AckReq (asks for an ACK)";
+    }
+    if p.bth.solicited {
+        s += "; solicited event";
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find(name: &str, want: impl Fn(&PacketRepr<'_>) -> bool) -> String {
+        let bytes = std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../wire/tests/data")
+                .join(name),
+        )
+        .unwrap();
+        for rec in wire::pcap::PcapReader::new(&bytes).unwrap() {
+            let rec = rec.unwrap();
+            let f = wire::frame::parse(rec.data).unwrap();
+            let p = PacketRepr::parse(f.udp_payload).unwrap();
+            if want(&p) {
+                return explain(&p);
+            }
+        }
+        panic!("no such packet in {name}");
+    }
+
+    #[test]
+    fn kernel_packets_in_words() {
+        let e = find("rc_rnr_nak.pcap", |p| {
+            p.aeth
+                .is_some_and(|a| matches!(a.syndrome, Syndrome::RnrNak { .. }))
+        });
+        assert!(
+            e.contains("RNR NAK") && e.contains("no receive posted"),
+            "{e}"
+        );
+        assert!(e.contains("0.64 ms (timer code 12)"), "{e}");
+        let e = find("rc_write.pcap", |p| p.reth.is_some());
+        assert!(e.starts_with("RC RDMA_WRITE_") && e.contains("rkey"), "{e}");
+        let e = find("rc_read.pcap", |p| {
+            p.bth.opcode == wire::Opcode::RC_RDMA_READ_REQUEST
+        });
+        assert!(e.starts_with("RC READ request"), "{e}");
+        let e = find("rc_read.pcap", |p| {
+            p.bth.opcode == wire::Opcode::RC_RDMA_READ_RESPONSE_FIRST
+        });
+        assert!(
+            e.starts_with("RC READ response (RDMA_READ_RESPONSE_FIRST)"),
+            "{e}"
+        );
+        let e = find("rc_atomic_cswap.pcap", |p| p.atomic.is_some());
+        assert!(e.contains("COMPARE_SWAP") && e.contains("make them"), "{e}");
+        let e = find("rc_atomic_cswap.pcap", |p| p.atomic_ack.is_some());
+        assert!(e.contains("atomic ACK"), "{e}");
+        let e = find("ud_send.pcap", |p| p.deth.is_some());
+        assert!(e.starts_with("UD SEND_ONLY") && e.contains("Q_Key"), "{e}");
+        let e = find("rc_retransmit.pcap", |p| {
+            p.aeth
+                .is_some_and(|a| a.syndrome == Syndrome::Nak(NakCode::PsnSequenceError))
+        });
+        assert!(e.contains("a packet was lost"), "{e}");
+    }
+}
