@@ -603,4 +603,23 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
     assert!(out.contains("RC ACK → qp"), "{out}");
     let r = emulator_daemon::pcap_check::check(&std::fs::read(&pcap).unwrap()).unwrap();
     assert!(r.passed() && r.roce == 4, "{}", r.render());
+    // An independent decoder reads the trace's pcap as the same packets.
+    match Command::new("tshark")
+        .arg("-r")
+        .arg(&pcap)
+        .args(["-T", "fields", "-e", "infiniband.bth.opcode"])
+        .output()
+    {
+        Ok(o) => {
+            let ops = String::from_utf8_lossy(&o.stdout).to_string();
+            let ops: Vec<&str> = ops.lines().collect();
+            // SEND_ONLY (4) and ACKNOWLEDGE (17), twice each.
+            assert_eq!(ops.iter().filter(|l| **l == "4").count(), 2, "{ops:?}");
+            assert_eq!(ops.iter().filter(|l| **l == "17").count(), 2, "{ops:?}");
+        }
+        Err(_) => assert!(
+            std::env::var_os("CI").is_none(),
+            "tshark is not installed; CI must install it"
+        ),
+    }
 }
