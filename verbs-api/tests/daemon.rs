@@ -623,3 +623,68 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
         ),
     }
 }
+
+#[test]
+fn a_completion_channel_on_a_daemon_device_wakes_epoll() {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+    use std::os::fd::AsFd;
+
+    let d = Daemon::start("chan", "rxe0=127.0.21.8", 8);
+    let a = side(d.open(), QpType::Rc);
+    let dev_b = d.open();
+    let pd = dev_b.alloc_pd().unwrap();
+    let chan = dev_b.create_comp_channel().unwrap();
+    let cq = dev_b.create_cq_with_channel(64, &chan).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd
+        .create_qp(QpType::Rc, &cq, &cq, None, cap, false)
+        .unwrap();
+    let b = Side {
+        dev: dev_b,
+        pd,
+        cq,
+        qp,
+    };
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let mut rbuf = vec![0u8; 64];
+    let rmr = b.pd.reg_mr(&mut rbuf, ALL).unwrap();
+    let mut sbuf = vec![7u8; 64];
+    let smr = a.pd.reg_mr(&mut sbuf, ALL).unwrap();
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap();
+    epoll
+        .add(chan.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 7))
+        .unwrap();
+    let mut events = [EpollEvent::empty(); 4];
+    for round in 0..3u64 {
+        b.qp.post_recv(RecvWr {
+            wr_id: round,
+            sg_list: vec![rmr.sge(0, 64)],
+        })
+        .unwrap();
+        b.cq.req_notify(false).unwrap();
+        assert!(b.cq.poll(1).unwrap().is_empty());
+        // B now sleeps in epoll; only its device's progress thread can
+        // receive A's SEND from the slot socket.
+        a.qp.post_send(SendWr::new(round, SendOp::Send, vec![smr.sge(0, 64)]))
+            .unwrap();
+        let n = epoll
+            .wait(&mut events, EpollTimeout::try_from(WAIT).unwrap())
+            .unwrap();
+        assert_eq!(n, 1, "no completion event in round {round}");
+        assert_eq!(chan.get_cq_event().unwrap(), Some(b.cq.id()));
+        b.cq.ack_events(1);
+        let wc = b.cq.poll(4).unwrap();
+        assert_eq!(
+            wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            vec![(round, WcStatus::Success)]
+        );
+        assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+    }
+}
