@@ -71,3 +71,47 @@ pub fn request(path: &Path, req: &str) -> Result<String, String> {
         Err(e) => Err(format!("rxe-emud: {e}")),
     }
 }
+
+/// Start `rxe-emud` (the program `exe`) in the background on control
+/// socket `socket`, hosting `devices` (`NAME=ADDR[/MTU]`; none: the
+/// daemon's default `rxe0=127.0.0.1`), and wait until it is ready. It runs
+/// in its own process group, so a Ctrl-C meant for the caller's terminal
+/// does not reach it. `quiet` sends its start-up messages to /dev/null.
+/// Returns its pid.
+pub fn spawn_daemon(
+    exe: &Path,
+    socket: &Path,
+    devices: &[String],
+    any_user: bool,
+    quiet: bool,
+) -> Result<u32, String> {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(exe);
+    cmd.arg("--socket").arg(socket);
+    for d in devices {
+        cmd.arg("--device").arg(d);
+    }
+    if any_user {
+        cmd.arg("--any-user");
+    }
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(if quiet {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        })
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let mut line = String::new();
+    let out = child.stdout.take().expect("piped stdout");
+    let _ = io::BufReader::new(out).read_line(&mut line);
+    if line.trim() != "ready" {
+        let status = child.wait().ok();
+        return Err(format!("rxe-emud did not start ({status:?})"));
+    }
+    Ok(child.id())
+}

@@ -360,6 +360,25 @@ impl<M: Memory> Engine<M> {
         length: u64,
         access: AccessFlags,
     ) -> Result<Mr> {
+        self.reg_mr_iova(pd, addr, length, None, access)
+    }
+
+    /// Register `length` bytes at host address `addr` that peers and SGEs
+    /// name by the I/O virtual address `iova` (`ibv_reg_mr_iova2`); `None`
+    /// means the host address itself (or 0 with `ZERO_BASED`).
+    pub fn reg_mr_iova(
+        &mut self,
+        pd: PdHandle,
+        addr: u64,
+        length: u64,
+        iova: Option<u64>,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        if let Some(v) = iova {
+            if v.checked_add(length).is_none() {
+                return Err(Error::Invalid("iova + length overflows".into()));
+            }
+        }
         self.pd_ref(pd, 0)?;
         // IBTA 10.6.3.1 / kernel ib_check_mr_access: remote write or atomic
         // access needs local write.
@@ -391,6 +410,12 @@ impl<M: Memory> Engine<M> {
             .reg_mr(pd, addr, length, access)
             .cloned()
             .ok_or_else(|| Error::NoMemory("no free MR index".into()))?;
+        let mr = match iova {
+            Some(v) if !access.contains(AccessFlags::ZERO_BASED) => {
+                self.ctx.keys.set_iova(mr.lkey, v).cloned().unwrap_or(mr)
+            }
+            _ => mr,
+        };
         self.pd_ref(pd, 1)?;
         Ok(mr)
     }
@@ -466,7 +491,7 @@ impl<M: Memory> Engine<M> {
         let pd = qp.pd;
         self.ctx
             .keys
-            .bind_mw(mw_rkey, 0, pd, None, bind)
+            .bind_mw(mw_rkey, mw_rkey as u8, pd, None, bind)
             .map_err(|e| Error::Invalid(e.0))
     }
 
@@ -724,6 +749,32 @@ impl<M: Memory> Engine<M> {
             )));
         }
         s.limit = limit;
+        Ok(())
+    }
+
+    /// Resize an SRQ (`ibv_modify_srq` with `IBV_SRQ_MAX_WR`); refused
+    /// below the WQEs it holds or its armed limit, as kernel rxe's
+    /// `rxe_srq_chk_attr` refuses them.
+    pub fn resize_srq(&mut self, srq: SrqHandle, max_wr: u32) -> Result<()> {
+        let cap = self.ctx.cfg.caps.max_srq_wr;
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or_else(|| Error::NotFound(format!("SRQ {}", srq.0)))?;
+        if max_wr == 0 || max_wr > cap {
+            return Err(Error::Invalid(format!(
+                "SRQ max_wr {max_wr} must be between 1 and {cap}"
+            )));
+        }
+        if (max_wr as usize) < s.queue.len() || max_wr < s.limit {
+            return Err(Error::Invalid(format!(
+                "SRQ max_wr {max_wr} is below the {} WQEs it holds or its limit {}",
+                s.queue.len(),
+                s.limit
+            )));
+        }
+        s.max_wr = max_wr;
         Ok(())
     }
 

@@ -52,7 +52,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, KeySpace, MwType};
-pub use qp_attr::{AhAttr, QpAttr, QpAttrMask, QpCap, QpState, QpType};
+pub use qp_attr::{AhAttr, MigState, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 pub use time::Instant;
 pub use wr::{
     MwBindInfo, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,

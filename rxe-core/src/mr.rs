@@ -354,6 +354,14 @@ impl KeyTable {
         self.mrs.get(&idx)
     }
 
+    /// Give a just-registered MR an I/O virtual address other than its host
+    /// address (`ibv_reg_mr_iova2`).
+    pub fn set_iova(&mut self, lkey: u32, iova: u64) -> Option<&Mr> {
+        let mr = self.mrs.get_mut(&(lkey >> 8)).filter(|m| m.lkey == lkey)?;
+        mr.iova = iova;
+        Some(mr)
+    }
+
     /// The MR named by a key (lkey or rkey), if the key is current.
     pub fn mr(&self, key: u32) -> Option<&Mr> {
         self.mrs.get(&(key >> 8)).filter(|m| m.lkey == key)
@@ -539,11 +547,10 @@ impl KeyTable {
             }
         }
         self.unbind_from_mr(idx);
-        let new_rkey = if mw.mw_type == MwType::Type2 {
-            (mw_rkey & !0xff) | u32::from(new_key)
-        } else {
-            mw_rkey
-        };
+        // Both types take the key byte the bind names (kernel
+        // `rxe_do_bind_mw`); `ibv_bind_mw` passes `ibv_inc_rkey` of the
+        // current key for type 1.
+        let new_rkey = (mw_rkey & !0xff) | u32::from(new_key);
         if !unbind {
             if let Some(mr) = self.mrs.get_mut(&(bind.mr_lkey >> 8)) {
                 mr.bound_windows += 1;

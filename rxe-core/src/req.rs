@@ -143,10 +143,13 @@ fn exec_local<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) {
                     .bind_mw(mw_rkey, new_key, pd, Some(qpn), &bind)
                     .map(|_| ())
                     .map_err(|e| (WcStatus::MwBindErr, format!("BIND_MW failed: {}", e.0))),
-                Some(false) => Err((
-                    WcStatus::MwBindErr,
-                    format!("BIND_MW work requests bind type 2 windows; {mw_rkey:#x} is type 1"),
-                )),
+                // Type 1: `ibv_bind_mw` posts it as a work request, as
+                // the rxe provider does; any QP of the PD may use the window.
+                Some(false) => ctx
+                    .keys
+                    .bind_mw(mw_rkey, new_key, pd, None, &bind)
+                    .map(|_| ())
+                    .map_err(|e| (WcStatus::MwBindErr, format!("BIND_MW failed: {}", e.0))),
                 None => Err((
                     WcStatus::MwBindErr,
                     format!("BIND_MW failed: rkey {mw_rkey:#x} names no memory window"),

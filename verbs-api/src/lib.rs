@@ -72,7 +72,8 @@ pub use device::{
 };
 pub use hostmem::HostMemory;
 pub use objects::{
-    AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, SharedReceiveQueue,
+    AddressHandle, CompletionChannel, CompletionQueue, CqId, MemoryRegion, MemoryWindow,
+    ProtectionDomain, QueuePair, SharedReceiveQueue,
 };
 pub use rxe_core::{
     AccessFlags, AhAttr, AsyncEvent, AsyncEventKind, Counters, Mtu, MwBindInfo, QpAttr, QpAttrMask,

@@ -19,6 +19,7 @@ impl Device {
         Ok(ProtectionDomain {
             dev: self.clone(),
             h,
+            closed: false,
         })
     }
 
@@ -29,6 +30,7 @@ impl Device {
         Ok(CompletionQueue {
             dev: self.clone(),
             h,
+            closed: false,
         })
     }
 
@@ -105,6 +107,7 @@ impl Device {
 pub struct ProtectionDomain {
     dev: Device,
     h: PdHandle,
+    closed: bool,
 }
 
 impl ProtectionDomain {
@@ -122,8 +125,67 @@ impl ProtectionDomain {
             rkey: mr.rkey,
             addr,
             len,
+            closed: false,
             _buf: PhantomData,
         })
+    }
+
+    /// Register `len` bytes of process memory at `addr` that peers and SGEs
+    /// name by `iova` (`None`: the address itself): `ibv_reg_mr_iova2`
+    /// for the C ABI, whose callers manage their own memory.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr+len` must be memory of this process that stays mapped
+    /// until the region is dropped or closed. The device reads and writes
+    /// it whenever local work or a permitted remote access names it, as a
+    /// NIC would; the caller accepts that these accesses race with its own.
+    pub unsafe fn reg_mr_raw(
+        &self,
+        addr: u64,
+        len: u64,
+        iova: Option<u64>,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion<'static>> {
+        self.dev.inner.check_alive()?;
+        let mr = self
+            .dev
+            .inner
+            .lock()
+            .reg_mr_iova(self.h, addr, len, iova, access)?;
+        Ok(MemoryRegion {
+            dev: self.dev.clone(),
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+            addr: mr.iova,
+            len,
+            closed: false,
+            _buf: PhantomData,
+        })
+    }
+
+    /// Allocate a memory window of `mw_type` (`ibv_alloc_mw`).
+    pub fn alloc_mw(&self, mw_type: rxe_core::MwType) -> Result<MemoryWindow> {
+        self.dev.inner.check_alive()?;
+        let rkey = self.dev.inner.lock().alloc_mw(self.h, mw_type)?;
+        Ok(MemoryWindow {
+            dev: self.dev.clone(),
+            rkey,
+            closed: false,
+        })
+    }
+
+    /// `ibv_dealloc_pd` with its error: refused (and the PD handed back)
+    /// while objects still use it.
+    pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
+        let r = self.dev.inner.lock().dealloc_pd(self.h);
+        match r {
+            Ok(()) => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(e) => Err((self, e.into())),
+        }
     }
 
     /// Create a queue pair; it starts in RESET.
@@ -159,6 +221,7 @@ impl ProtectionDomain {
         Ok(SharedReceiveQueue {
             dev: self.dev.clone(),
             h,
+            closed: false,
         })
     }
 
@@ -174,7 +237,9 @@ impl ProtectionDomain {
 
 impl Drop for ProtectionDomain {
     fn drop(&mut self) {
-        let _ = self.dev.inner.lock().dealloc_pd(self.h);
+        if !self.closed {
+            let _ = self.dev.inner.lock().dealloc_pd(self.h);
+        }
     }
 }
 
@@ -185,6 +250,7 @@ pub struct MemoryRegion<'a> {
     rkey: u32,
     addr: u64,
     len: u64,
+    closed: bool,
     _buf: PhantomData<&'a mut [u8]>,
 }
 
@@ -246,11 +312,79 @@ impl MemoryRegion<'_> {
     }
 }
 
+impl<'a> MemoryRegion<'a> {
+    /// `ibv_dereg_mr` with its error: refused (and the region handed
+    /// back) while memory windows are bound to it.
+    pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
+        let r = self.dev.inner.lock().dereg_mr(self.lkey);
+        match r {
+            Ok(()) => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(e) => Err((self, e.into())),
+        }
+    }
+}
+
 impl Drop for MemoryRegion<'_> {
     fn drop(&mut self) {
         // Work still in flight that names this key fails its key check
         // (LOC_PROT_ERR / REM_ACCESS_ERR); it never touches the buffer again.
-        let _ = self.dev.inner.lock().dereg_mr(self.lkey);
+        if !self.closed {
+            let _ = self.dev.inner.lock().dereg_mr(self.lkey);
+        }
+    }
+}
+
+/// A memory window (`ibv_mw`).
+pub struct MemoryWindow {
+    dev: Device,
+    rkey: u32,
+    closed: bool,
+}
+
+impl MemoryWindow {
+    /// The window's current rkey (it changes with each bind).
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// Bind this type 1 window through `qp` (`ibv_bind_mw`): it takes
+    /// effect at once and returns the new rkey, which the window keeps.
+    pub fn bind_type1(&mut self, qp: &QueuePair, bind: &rxe_core::MwBindInfo) -> Result<u32> {
+        let rkey = self
+            .dev
+            .inner
+            .lock()
+            .bind_mw_type1(qp.qpn, self.rkey, bind)?;
+        self.rkey = rkey;
+        Ok(rkey)
+    }
+
+    /// Record the rkey a BIND_MW work request gave a type 2 window.
+    pub fn set_rkey(&mut self, rkey: u32) {
+        self.rkey = rkey;
+    }
+
+    /// `ibv_dealloc_mw` with its error.
+    pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
+        let r = self.dev.inner.lock().dealloc_mw(self.rkey);
+        match r {
+            Ok(()) => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(e) => Err((self, e.into())),
+        }
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = self.dev.inner.lock().dealloc_mw(self.rkey);
+        }
     }
 }
 
@@ -303,6 +437,7 @@ impl CompletionChannel {
 pub struct CompletionQueue {
     dev: Device,
     h: CqHandle,
+    closed: bool,
 }
 
 impl CompletionQueue {
@@ -379,8 +514,35 @@ impl CompletionQueue {
     }
 }
 
+impl CompletionQueue {
+    /// `ibv_resize_cq`: room for `cqe` completions (at least those queued).
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        Ok(self.dev.inner.lock().resize_cq(self.h, cqe)?)
+    }
+
+    /// `ibv_destroy_cq` with its error: refused (and the CQ handed back)
+    /// while a QP uses it.
+    pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
+        let r = self.dev.inner.lock().destroy_cq(self.h);
+        match r {
+            Ok(()) => self.closed = true,
+            Err(e) => return Err((self, e.into())),
+        }
+        self.dev
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.h);
+        Ok(())
+    }
+}
+
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
         self.dev
             .inner
             .channels
@@ -476,6 +638,7 @@ impl Drop for QueuePair {
 pub struct SharedReceiveQueue {
     dev: Device,
     h: SrqHandle,
+    closed: bool,
 }
 
 impl SharedReceiveQueue {
@@ -483,6 +646,11 @@ impl SharedReceiveQueue {
     /// fewer than `limit` WQEs remain, SRQ_LIMIT_REACHED is raised once.
     pub fn set_limit(&self, limit: u32) -> Result<()> {
         Ok(self.dev.inner.lock().modify_srq_limit(self.h, limit)?)
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_MAX_WR`: room for `max_wr` WQEs.
+    pub fn resize(&self, max_wr: u32) -> Result<()> {
+        Ok(self.dev.inner.lock().resize_srq(self.h, max_wr)?)
     }
 
     /// `ibv_query_srq`: the attributes and the number of WQEs queued.
@@ -496,9 +664,30 @@ impl SharedReceiveQueue {
     }
 }
 
+impl SharedReceiveQueue {
+    /// The engine handle (what asynchronous events name).
+    pub fn handle(&self) -> SrqHandle {
+        self.h
+    }
+
+    /// `ibv_destroy_srq` with its error: refused while a QP uses it.
+    pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
+        let r = self.dev.inner.lock().destroy_srq(self.h);
+        match r {
+            Ok(()) => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(e) => Err((self, e.into())),
+        }
+    }
+}
+
 impl Drop for SharedReceiveQueue {
     fn drop(&mut self) {
-        let _ = self.dev.inner.lock().destroy_srq(self.h);
+        if !self.closed {
+            let _ = self.dev.inner.lock().destroy_srq(self.h);
+        }
     }
 }
 

@@ -1,8 +1,6 @@
 //! rxe-emu: manage the rxe-emu daemon (start, stop, status).
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use clap::{Parser, Subcommand};
 
@@ -222,35 +220,9 @@ fn main() {
                 .and_then(|p| p.parent().map(|d| d.join("rxe-emud")))
                 .filter(|p| p.exists())
                 .unwrap_or_else(|| PathBuf::from("rxe-emud"));
-            let mut cmd = Command::new(&exe);
-            cmd.arg("--socket").arg(&path);
-            for d in devices {
-                cmd.arg("--device").arg(d);
-            }
-            if any_user {
-                cmd.arg("--any-user");
-            }
-            // Its own process group: a Ctrl-C meant for this shell's
-            // foreground job does not reach the daemon.
-            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-            let mut child = cmd
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap_or_else(|e| die(format!("cannot run {}: {e}", exe.display())));
-            let mut line = String::new();
-            let out = child.stdout.take().expect("piped stdout");
-            let _ = BufReader::new(out).read_line(&mut line);
-            if line.trim() != "ready" {
-                let status = child.wait().ok();
-                die(format!("rxe-emud did not start ({status:?})"));
-            }
-            println!(
-                "rxe-emud started (pid {}) on {}",
-                child.id(),
-                path.display()
-            );
+            let pid = emulator_daemon::client::spawn_daemon(&exe, &path, &devices, any_user, false)
+                .unwrap_or_else(|e| die(e));
+            println!("rxe-emud started (pid {}) on {}", pid, path.display());
         }
     }
 }
