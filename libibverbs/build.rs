@@ -65,10 +65,38 @@ fn main() {
         }
     }
     std::fs::write(format!("{out}/libibverbs.map"), script).unwrap();
+    std::fs::write(format!("{out}/layout_checks.rs"), layout_checks(&dir)).unwrap();
     std::fs::write(format!("{out}/symver.rs"), asm).unwrap();
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={out}/libibverbs.map");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
     // Every exported symbol must be defined here: an undefined one would
     // only fail when a BIND_NOW program loads us.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,defs");
+}
+
+/// `layout.txt` as compile-time assertions.
+fn layout_checks(dir: &str) -> String {
+    println!("cargo:rerun-if-changed=layout.txt");
+    let text = std::fs::read_to_string(format!("{dir}/layout.txt")).unwrap();
+    let mut out = String::new();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["size", t, n] => writeln!(
+                out,
+                "const _: () = assert!(std::mem::size_of::<{t}>() == {n});"
+            )
+            .unwrap(),
+            ["off", t, f, n] => {
+                let rust = f.split_once(':').map_or(*f, |(_, r)| r);
+                writeln!(
+                    out,
+                    "const _: () = assert!(std::mem::offset_of!({t}, {rust}) == {n});"
+                )
+                .unwrap()
+            }
+            _ => {}
+        }
+    }
+    out
 }

@@ -647,8 +647,10 @@ pub unsafe extern "C" fn rxe_ibv_query_gid_type(
     if c.is_null() || gid_type.is_null() || port != 1 {
         return libc::EINVAL;
     }
+    // The private interface numbers GID types as driver.h does
+    // (IB/RoCE v1 = 0, RoCE v2 = 1), unlike `ibv_gid_entry.gid_type`.
     // SAFETY: caller-provided output.
-    unsafe { *gid_type = GID_TYPE_ROCE_V2 };
+    unsafe { *gid_type = 1 };
     let _ = index;
     0
 }

@@ -112,7 +112,7 @@ impl DeviceConfig {
 /// off the socket and the core. Arming a CQ (`req_notify`) ends it at
 /// once; an application that stops polling without arming leaves incoming
 /// packets and timers waiting at most this long.
-const APP_POLL_GRACE: Duration = Duration::from_millis(1);
+const APP_POLL_GRACE: Duration = Duration::from_micros(50);
 
 /// The most responses a flush holds back (see [`Inner::flush_with`]).
 const HOLD_MAX: usize = 16;

@@ -1,0 +1,256 @@
+//! Helpers for running unmodified rdma-core programs on our libibverbs:
+//! an in-test rxe-emud, a directory holding `libibverbs.so.1`, and
+//! client/server runs with timeouts.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use emulator_daemon::server::{Server, ServerConfig};
+
+/// Whether a missing tool must fail the test (under CI) or skip it.
+fn required() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+fn missing(what: &str, package: &str) -> bool {
+    assert!(
+        !required(),
+        "{what} is missing: CI must install {package} (see .ci/run)"
+    );
+    eprintln!("SKIP: {what} is missing (apt-get install {package}); this test needs it");
+    false
+}
+
+/// `path` exists, or the test is skipped (fails under CI).
+pub fn have_file(path: &str, package: &str) -> bool {
+    Path::new(path).exists() || missing(path, package)
+}
+
+/// `prog` is on PATH, or the test is skipped (fails under CI).
+pub fn have_program(prog: &str, package: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()));
+    found || missing(prog, package)
+}
+
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rxe-dropin-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The directory of the test binary's target profile (`target/release`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test>
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// A directory holding `libibverbs.so.1` (a link to the library cargo
+/// built), for `LD_LIBRARY_PATH`.
+pub fn dropin_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let lib = profile_dir().join("libibverbs.so");
+        assert!(
+            lib.exists(),
+            "{} is missing: build the workspace (cargo build --release) first",
+            lib.display()
+        );
+        // `cargo test` does not rebuild a cdylib: refuse to test a library
+        // older than its sources.
+        let built = std::fs::metadata(&lib).and_then(|m| m.modified()).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let newer: Vec<PathBuf> = std::fs::read_dir(src.join("src"))
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .chain([src.join("exports.txt"), src.join("layout.txt")])
+            .filter(|p| {
+                std::fs::metadata(p)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t > built)
+            })
+            .collect();
+        assert!(
+            newer.is_empty(),
+            "{} is older than {newer:?}: run `cargo build --release -p rxe-libibverbs` (scripts/test does)",
+            lib.display()
+        );
+        let d = scratch_dir("lib");
+        let link = d.join("libibverbs.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+        d
+    })
+    .clone()
+}
+
+/// Programs of different tests would compete for the 2 cores of a CI
+/// machine; run them one test at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An rxe-emud serving one device, in a thread of the test.
+pub struct Daemon {
+    pub socket: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// `device` is `rxe0=ADDR`.
+    pub fn start(tag: &str, device: &str) -> Daemon {
+        let socket = scratch_dir(&format!("d-{tag}")).join("rxe-emud.sock");
+        let server = Server::bind(
+            ServerConfig {
+                socket_path: socket.clone(),
+                devices: vec![device.parse().unwrap()],
+                slots: 8,
+                any_user: false,
+            },
+            false,
+        )
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || server.run(&s2).unwrap());
+        Daemon {
+            socket,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// A command that loads our libibverbs and finds this daemon's device.
+    pub fn command(&self, prog: &str) -> Command {
+        let mut c = Command::new(prog);
+        c.env("LD_LIBRARY_PATH", dropin_dir())
+            .env("RXE_EMU_SOCKET", &self.socket)
+            .env("RXE_EMU_AUTOSTART", "0")
+            .env_remove("RXE_EMU_MODE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(d) = self.socket.parent() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Wait for a child, killing it after `limit`.
+pub fn wait_limited(mut child: Child, limit: Duration) -> (Output, bool) {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().unwrap() {
+            Some(_) => return (child.wait_with_output().unwrap(), false),
+            None if start.elapsed() > limit => {
+                let _ = child.kill();
+                return (child.wait_with_output().unwrap(), true);
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Whether something listens on TCP `port` (IPv4 or IPv6, any address).
+fn listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() > 3
+                    && w[3] == "0A"
+                    && w[1]
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| u16::from_str_radix(p, 16).ok())
+                        == Some(port)
+            })
+        })
+    })
+}
+
+/// Both sides of a client/server run.
+pub struct Run {
+    pub server: Output,
+    pub client: Output,
+    pub timed_out: bool,
+}
+
+impl Run {
+    pub fn text(&self) -> String {
+        format!(
+            "--- server ({:?}):\n{}{}\n--- client ({:?}):\n{}{}",
+            self.server.status,
+            String::from_utf8_lossy(&self.server.stdout),
+            String::from_utf8_lossy(&self.server.stderr),
+            self.client.status,
+            String::from_utf8_lossy(&self.client.stdout),
+            String::from_utf8_lossy(&self.client.stderr)
+        )
+    }
+
+    pub fn ok(&self) -> bool {
+        !self.timed_out && self.server.status.success() && self.client.status.success()
+    }
+
+    pub fn stdout(&self) -> (String, String) {
+        (
+            String::from_utf8_lossy(&self.server.stdout).into_owned(),
+            String::from_utf8_lossy(&self.client.stdout).into_owned(),
+        )
+    }
+}
+
+/// Run `prog args -p port` as a server, wait until it listens, then the
+/// same as a client of 127.0.0.1; both must end within `limit`.
+pub fn client_server(d: &Daemon, prog: &str, args: &[&str], port: u16, limit: Duration) -> Run {
+    let port_s = port.to_string();
+    let server = d
+        .command(prog)
+        .args(args)
+        .args(["-p", &port_s])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !listening(port) && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = d
+        .command(prog)
+        .args(args)
+        .args(["-p", &port_s, "127.0.0.1"])
+        .spawn()
+        .unwrap();
+    let (client, t1) = wait_limited(client, limit);
+    // A client that failed leaves the server waiting: give it a moment.
+    let slimit = if client.status.success() {
+        limit
+    } else {
+        Duration::from_secs(3)
+    };
+    let (server, t2) = wait_limited(server, slimit);
+    Run {
+        server,
+        client,
+        timed_out: t1 || t2,
+    }
+}

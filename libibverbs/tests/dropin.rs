@@ -1,0 +1,173 @@
+//! Debian's unmodified rdma-core programs (ibverbs-utils, perftest) on our
+//! libibverbs.so.1: two processes on one rxe-emud device, as on a host
+//! with kernel rxe. Each test has its own daemon, device address and TCP
+//! port. The tools are required under CI (`.ci/run` installs them) and
+//! skipped with a message elsewhere.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{client_server, have_program, serial, Daemon};
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+#[test]
+fn ibv_devices_and_ibv_devinfo_see_rxe0_as_kernel_rxe_shows_it() {
+    if !have_program("ibv_devinfo", "ibverbs-utils") {
+        return;
+    }
+    let _s = serial();
+    let d = Daemon::start("devinfo", "rxe0=127.0.91.1");
+    let out = d.command("ibv_devices").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("rxe0"), "{text}");
+    let out = d.command("ibv_devinfo").arg("-v").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for want in [
+        "hca_id:\trxe0",
+        "transport:\t\t\tInfiniBand (0)",
+        "vendor_id:\t\t\t0xffffff",
+        "phys_port_cnt:\t\t\t1",
+        "max_qp_rd_atom:\t\t\t128",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "max_mtu:\t\t4096 (5)",
+        "link_layer:\t\tEthernet",
+        // The IPv4-mapped GID of the device's address at index 1.
+        "GID[  1]:\t\t::ffff:127.0.91.1, RoCE v2",
+    ] {
+        assert!(
+            text.contains(want),
+            "ibv_devinfo -v lacks {want:?}:\n{text}"
+        );
+    }
+    // No daemon (and no autostart): no device, and a clear answer.
+    drop(d);
+    let out = std::process::Command::new("ibv_devinfo")
+        .env("LD_LIBRARY_PATH", common::dropin_dir())
+        .env("RXE_EMU_SOCKET", "/nonexistent/rxe-emud.sock")
+        .env("RXE_EMU_AUTOSTART", "0")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("No IB devices found"), "{all}");
+}
+
+/// Run an `ibv_*_pingpong` at each size, polling and with `-e`, with
+/// `--chk` validating every received buffer.
+fn pingpong(prog: &str, tag: &str, addr: &str, port: u16, sizes: &[u32]) {
+    if !have_program(prog, "ibverbs-utils") {
+        return;
+    }
+    let _s = serial();
+    let d = Daemon::start(tag, &format!("rxe0=127.0.{addr}.1"));
+    for &size in sizes {
+        for event in [false, true] {
+            let size_s = size.to_string();
+            let mut args = vec!["-d", "rxe0", "-g", "1", "-n", "50", "-s", &size_s, "-c"];
+            if event {
+                args.push("-e");
+            }
+            let r = client_server(&d, prog, &args, port, LIMIT);
+            assert!(r.ok(), "{prog} {args:?} failed:\n{}", r.text());
+            let (s, c) = r.stdout();
+            let bytes = format!("{} bytes in", 2 * 50 * size as u64);
+            for side in [&s, &c] {
+                assert!(
+                    side.contains("50 iters in"),
+                    "{prog} {args:?}:\n{}",
+                    r.text()
+                );
+                if prog != "ibv_srq_pingpong" {
+                    assert!(
+                        side.contains(&bytes),
+                        "{prog} {args:?}: want {bytes}:\n{}",
+                        r.text()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn ibv_rc_pingpong_1b_to_64k_polling_and_events() {
+    pingpong("ibv_rc_pingpong", "rc", "92", 18601, &[1, 4096, 65536]);
+}
+
+#[test]
+fn ibv_uc_pingpong_1b_to_64k_polling_and_events() {
+    pingpong("ibv_uc_pingpong", "uc", "93", 18602, &[1, 4096, 65536]);
+}
+
+#[test]
+fn ibv_ud_pingpong_1b_to_the_path_mtu_polling_and_events() {
+    // A UD message fits one packet: at most the port MTU (4096 here).
+    pingpong("ibv_ud_pingpong", "ud", "94", 18603, &[1, 1024, 4096]);
+}
+
+#[test]
+fn ibv_srq_pingpong_1b_to_64k_polling_and_events() {
+    pingpong("ibv_srq_pingpong", "srq", "95", 18604, &[1, 4096, 65536]);
+}
+
+/// Run a perftest benchmark; it must finish and print its result table.
+fn perftest(d: &Daemon, prog: &str, extra: &[&str], port: u16) -> String {
+    let mut args = vec!["-d", "rxe0", "-x", "1"];
+    args.extend_from_slice(extra);
+    let r = client_server(d, prog, &args, port, LIMIT);
+    assert!(r.ok(), "{prog} {args:?} failed:\n{}", r.text());
+    let (_, c) = r.stdout();
+    assert!(
+        c.contains("#bytes"),
+        "{prog} {args:?} printed no results:\n{}",
+        r.text()
+    );
+    c
+}
+
+#[test]
+fn perftest_bandwidth_and_latency_on_rc_and_ud() {
+    if !have_program("ib_write_bw", "perftest") {
+        return;
+    }
+    let _s = serial();
+    let d = Daemon::start("perftest", "rxe0=127.0.96.1");
+    let mut port = 18610;
+    for prog in [
+        "ib_send_bw",
+        "ib_send_lat",
+        "ib_write_bw",
+        "ib_write_lat",
+        "ib_read_bw",
+        "ib_read_lat",
+        "ib_atomic_bw",
+        "ib_atomic_lat",
+    ] {
+        perftest(&d, prog, &["-n", "200"], port);
+        port += 1;
+    }
+    perftest(&d, "ib_send_bw", &["-c", "UD", "-n", "200"], port);
+    perftest(
+        &d,
+        "ib_write_bw",
+        &["--use_old_post_send", "-n", "200"],
+        port + 1,
+    );
+    perftest(
+        &d,
+        "ib_send_lat",
+        &["--use_old_post_send", "-n", "200"],
+        port + 2,
+    );
+    // -a: every size from 2 B to 8 MiB.
+    let all = perftest(&d, "ib_write_bw", &["-a", "-n", "20"], port + 3);
+    assert!(all.contains("8388608"), "{all}");
+}
