@@ -171,3 +171,53 @@ fn perftest_bandwidth_and_latency_on_rc_and_ud() {
     let all = perftest(&d, "ib_write_bw", &["-a", "-n", "20"], port + 3);
     assert!(all.contains("8388608"), "{all}");
 }
+
+#[test]
+fn rxe_emu_exec_starts_the_daemon_and_runs_an_unmodified_program_on_rxe0() {
+    if !have_program("ibv_devinfo", "ibverbs-utils") {
+        return;
+    }
+    let _s = serial();
+    let cli = common::profile_dir().join("rxe-emu");
+    let socket = common::scratch_dir("exec").join("rxe-emud.sock");
+    let run = |args: &[&str]| {
+        std::process::Command::new(&cli)
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "exec",
+        "--device",
+        "rxe0=127.0.97.1",
+        "--",
+        "ibv_devinfo",
+        "-v",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stop = run(&["stop"]);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("::ffff:127.0.97.1, RoCE v2"), "{text}");
+    assert!(
+        stop.status.success(),
+        "the daemon exec started was not running"
+    );
+    // A program that cannot be run is a clear error.
+    let out = run(&[
+        "exec",
+        "--device",
+        "rxe0=127.0.97.2",
+        "--",
+        "/nonexistent/program",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot run"));
+    let _ = run(&["stop"]);
+}

@@ -79,6 +79,18 @@ enum Cmd {
         #[arg(long)]
         count: Option<usize>,
     },
+    /// Run a program on rxe-emu: start the daemon (with its default device
+    /// rxe0=127.0.0.1, or --device ones) if it is not running, point the
+    /// program's libibverbs at ours (LD_LIBRARY_PATH), and run it.
+    /// Unmodified rdma-core programs then find rxe0.
+    Exec {
+        /// Devices for a daemon this command starts: NAME=ADDR[/MTU].
+        #[arg(long = "device", value_name = "NAME=ADDR[/MTU]")]
+        devices: Vec<String>,
+        /// The program and its arguments.
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        cmd: Vec<std::ffi::OsString>,
+    },
     /// Work with captures.
     Pcap {
         #[command(subcommand)]
@@ -120,6 +132,69 @@ enum PcapCmd {
 
 fn wire_pcap_writer(f: std::fs::File) -> std::io::Result<wire::pcap::PcapWriter<std::fs::File>> {
     wire::pcap::PcapWriter::new(f)
+}
+
+/// `rxe-emud` beside this program, else on PATH.
+fn daemon_exe() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("rxe-emud")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("rxe-emud"))
+}
+
+/// Our `libibverbs.so` (the cdylib built beside this program, or an
+/// installed `libibverbs.so.1` under `../lib/rxe-emu/`).
+fn dropin_library() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("libibverbs.so"),
+        dir.join("../lib/rxe-emu/libibverbs.so.1"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
+fn exec(socket: &std::path::Path, devices: &[String], cmd: &[std::ffi::OsString]) -> ! {
+    use std::os::unix::process::CommandExt;
+    if emulator_daemon::client::request(socket, "STATUS").is_err() {
+        if let Err(e) =
+            emulator_daemon::client::spawn_daemon(&daemon_exe(), socket, devices, false, true)
+        {
+            die(e);
+        }
+    }
+    let lib = dropin_library().unwrap_or_else(|| {
+        die("cannot find rxe-emu's libibverbs.so beside this program (build it: cargo build --release -p rxe-libibverbs)")
+    });
+    // A private directory whose libibverbs.so.1 is ours, first on the
+    // loader's path: the program's own libibverbs.so.1 is never loaded.
+    let dir = socket
+        .parent()
+        .map(|d| d.join("lib"))
+        .unwrap_or_else(|| PathBuf::from("/tmp/rxe-emu-lib"));
+    let link = dir.join("libibverbs.so.1");
+    let lib = std::fs::canonicalize(&lib).unwrap_or(lib);
+    if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
+        let _ = std::fs::create_dir_all(&dir);
+        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&lib, &tmp)
+            .and_then(|()| std::fs::rename(&tmp, &link))
+            .unwrap_or_else(|e| die(format!("{}: {e}", link.display())));
+    }
+    let mut path = std::ffi::OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let err = std::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env("LD_LIBRARY_PATH", path)
+        .env("RXE_EMU_SOCKET", socket)
+        .exec();
+    die(format!("cannot run {:?}: {err}", cmd[0]))
 }
 
 fn die(msg: impl std::fmt::Display) -> ! {
@@ -210,16 +285,13 @@ fn main() {
             Ok(s) => print!("{s}"),
             Err(e) => die(e),
         },
+        Cmd::Exec { devices, cmd } => exec(&path, &devices, &cmd),
         Cmd::Start { devices, any_user } => {
             if emulator_daemon::client::request(&path, "STATUS").is_ok() {
                 println!("rxe-emud is already running on {}", path.display());
                 return;
             }
-            let exe = std::env::current_exe()
-                .ok()
-                .and_then(|p| p.parent().map(|d| d.join("rxe-emud")))
-                .filter(|p| p.exists())
-                .unwrap_or_else(|| PathBuf::from("rxe-emud"));
+            let exe = daemon_exe();
             let pid = emulator_daemon::client::spawn_daemon(&exe, &path, &devices, any_user, false)
                 .unwrap_or_else(|e| die(e));
             println!("rxe-emud started (pid {}) on {}", pid, path.display());

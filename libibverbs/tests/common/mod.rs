@@ -46,7 +46,7 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
 }
 
 /// The directory of the test binary's target profile (`target/release`).
-fn profile_dir() -> PathBuf {
+pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     // target/<profile>/deps/<test>
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
