@@ -40,7 +40,7 @@
 set -euo pipefail
 
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
-CACHE="${RXE_EMU_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rxe-emu/vm}"
+CACHE="${RXE_EMU_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/rxe-emu/vm}"
 RUN="$CACHE/run"
 NS="${RXE_EMU_VM_NETNS:-rxe-emu-conf}"
 BR=rxc-br
