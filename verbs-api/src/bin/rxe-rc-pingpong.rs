@@ -6,14 +6,18 @@
 //! Server: `rxe-rc-pingpong --ip 127.0.0.1`
 //! Client: `rxe-rc-pingpong --ip 127.0.0.2 127.0.0.1`
 //! Options as ibv_rc_pingpong: -p port, -s size, -n iters, -r rx_depth,
-//! -m mtu, -g gid_index (default: the device's address GID).
+//! -m mtu, -g gid_index (default: the device's address GID), -c (check
+//! every received message). `--uc` makes it `ibv_uc_pingpong`: a UC QP,
+//! the same exchange, and no RTS timers or retry counts.
 
 #[path = "common/pingpong.rs"]
 mod pingpong;
 
 use std::time::{Duration, Instant};
 
-use pingpong::{die, exchange, open, parse_args, print_dest, random_psn, report, Dest};
+use pingpong::{
+    check_buf, die, exchange, mark_buf, open, parse_args, print_dest, random_psn, report, Dest,
+};
 use verbs_api::{
     AccessFlags, AhAttr, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, WcStatus,
@@ -50,8 +54,9 @@ fn main() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
+    let qp_type = if a.uc { QpType::Uc } else { QpType::Rc };
     let qp = pd
-        .create_qp(QpType::Rc, &cq, &cq, None, cap, false)
+        .create_qp(qp_type, &cq, &cq, None, cap, false)
         .unwrap_or_else(|e| die(e));
     let mut buf = vec![0x7bu8; a.size.max(1)];
     let mr = pd
@@ -106,17 +111,20 @@ fn main() {
             },
             ..Default::default()
         };
-        qp.modify(
-            &rtr,
+        // ibv_uc_pingpong sets no responder resources nor RNR timer.
+        let rtr_mask = if a.uc {
+            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN
+        } else {
             M::STATE
                 | M::AV
                 | M::PATH_MTU
                 | M::DEST_QPN
                 | M::RQ_PSN
                 | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
-        .unwrap_or_else(|e| die(format!("Failed to modify QP to RTR: {e}")));
+                | M::MIN_RNR_TIMER
+        };
+        qp.modify(&rtr, rtr_mask)
+            .unwrap_or_else(|e| die(format!("Failed to modify QP to RTR: {e}")));
         let rts = QpAttr {
             qp_state: Some(QpState::Rts),
             timeout: 14,
@@ -126,11 +134,13 @@ fn main() {
             max_rd_atomic: 1,
             ..Default::default()
         };
-        qp.modify(
-            &rts,
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap_or_else(|e| die(format!("Failed to modify QP to RTS: {e}")));
+        let rts_mask = if a.uc {
+            M::STATE | M::SQ_PSN
+        } else {
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
+        };
+        qp.modify(&rts, rts_mask)
+            .unwrap_or_else(|e| die(format!("Failed to modify QP to RTS: {e}")));
     };
     let rem = exchange(&a, &my, connect);
     print_dest("remote", &rem);
@@ -142,7 +152,12 @@ fn main() {
             .unwrap_or_else(|e| die(format!("Couldn't post send: {e}")));
     };
     let mut pending = RECV_WRID;
+    let mut msg = vec![0u8; a.size];
     if a.server.is_some() {
+        if a.chk {
+            mark_buf(&mut msg);
+            mr.write(0, &msg).unwrap_or_else(|e| die(e));
+        }
         post_send();
         pending |= SEND_WRID;
     }
@@ -161,6 +176,11 @@ fn main() {
             match wc.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
+                    if a.chk {
+                        mr.read(0, &mut msg).unwrap_or_else(|e| die(e));
+                        check_buf(&msg)
+                            .unwrap_or_else(|e| die(format!("receive {}: {e}", rcnt + 1)));
+                    }
                     routs -= 1;
                     if routs <= 1 {
                         routs += post_recvs(a.rx_depth - routs);
@@ -180,4 +200,7 @@ fn main() {
         }
     }
     report(a.size, a.iters, start);
+    if a.chk {
+        println!("{rcnt} received messages checked");
+    }
 }

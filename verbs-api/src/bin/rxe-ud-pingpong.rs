@@ -4,13 +4,17 @@
 //!
 //! Server: `rxe-ud-pingpong --ip 127.0.0.1`
 //! Client: `rxe-ud-pingpong --ip 127.0.0.2 127.0.0.1`
+//!
+//! `-c` checks every received message (after its 40-byte GRH room).
 
 #[path = "common/pingpong.rs"]
 mod pingpong;
 
 use std::time::{Duration, Instant};
 
-use pingpong::{die, exchange, open, parse_args, print_dest, random_psn, report, Dest};
+use pingpong::{
+    check_buf, die, exchange, mark_buf, open, parse_args, print_dest, random_psn, report, Dest,
+};
 use verbs_api::{
     AccessFlags, AhAttr, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, UdDest, WcStatus,
@@ -24,6 +28,9 @@ const GRH: usize = 40;
 
 fn main() {
     let a = parse_args(2048);
+    if a.uc {
+        die("--uc is an option of rxe-rc-pingpong");
+    }
     let dev = open(&a);
     if a.size > dev.port_mtu().bytes() as usize {
         die(format!(
@@ -130,7 +137,12 @@ fn main() {
             .unwrap_or_else(|e| die(format!("Couldn't post send: {e}")));
     };
     let mut pending = RECV_WRID;
+    let mut msg = vec![0u8; a.size];
     if a.server.is_some() {
+        if a.chk {
+            mark_buf(&mut msg);
+            mr.write(GRH as u64, &msg).unwrap_or_else(|e| die(e));
+        }
         post_send();
         pending |= SEND_WRID;
     }
@@ -147,6 +159,11 @@ fn main() {
             match wc.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
+                    if a.chk {
+                        mr.read(GRH as u64, &mut msg).unwrap_or_else(|e| die(e));
+                        check_buf(&msg)
+                            .unwrap_or_else(|e| die(format!("receive {}: {e}", rcnt + 1)));
+                    }
                     routs -= 1;
                     if routs <= 1 {
                         routs += post_recvs(a.rx_depth - routs);
@@ -170,4 +187,7 @@ fn main() {
         }
     }
     report(a.size, a.iters, start);
+    if a.chk {
+        println!("{rcnt} received messages checked");
+    }
 }

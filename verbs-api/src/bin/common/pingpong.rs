@@ -30,6 +30,14 @@ pub struct Args {
     /// `-d`: the device name (default rxe0).
     pub dev: String,
     pub server: Option<String>,
+    /// `--netdev-mtu`: the MTU of the in-process device's link (default:
+    /// 1500, or 65536 on a loopback address). Its active MTU follows, as
+    /// kernel rxe's does from its netdev.
+    pub netdev_mtu: Option<u32>,
+    /// `-c`: validate received buffers (see [`check_buf`]).
+    pub chk: bool,
+    /// `--uc`: UC instead of RC (rxe-rc-pingpong only, as ibv_uc_pingpong).
+    pub uc: bool,
 }
 
 /// The device: in-process on `--ip` if given, else as `open_device` picks
@@ -37,10 +45,17 @@ pub struct Args {
 /// server and 127.0.0.2 for the client).
 pub fn open(a: &Args) -> verbs_api::Device {
     let dev = match &a.ip {
-        Some(ip) => verbs_api::Device::open(verbs_api::DeviceConfig::new(
-            ip.parse()
-                .unwrap_or_else(|_| die(format!("bad address {ip}"))),
-        )),
+        Some(ip) => {
+            let mut cfg = verbs_api::DeviceConfig::new(
+                ip.parse()
+                    .unwrap_or_else(|_| die(format!("bad address {ip}"))),
+            );
+            if let Some(m) = a.netdev_mtu {
+                cfg.netdev_mtu = m;
+            }
+            verbs_api::Device::open(cfg)
+        }
+        None if a.netdev_mtu.is_some() => die("--netdev-mtu needs --ip (an in-process device)"),
         None => {
             let fallback = if a.server.is_some() {
                 [127, 0, 0, 2]
@@ -70,6 +85,9 @@ pub fn parse_args(default_size: usize) -> Args {
         ip: None,
         dev: "rxe0".into(),
         server: None,
+        netdev_mtu: None,
+        chk: false,
+        uc: false,
     };
     let mut ip = None;
     let mut i = 0;
@@ -92,6 +110,9 @@ pub fn parse_args(default_size: usize) -> Args {
             "-m" | "--mtu" => a.mtu = num(val()) as u32,
             "-g" | "--gid-idx" => a.gidx = Some(num(val()) as u8),
             "--ip" => ip = Some(val()),
+            "--netdev-mtu" => a.netdev_mtu = Some(num(val()) as u32),
+            "-c" | "--chk" => a.chk = true,
+            "--uc" => a.uc = true,
             "-h" | "--help" => {
                 let me = std::env::args().next().unwrap_or_default();
                 println!(
@@ -103,6 +124,11 @@ pub fn parse_args(default_size: usize) -> Args {
                      \x20 -r, --rx-depth N  receives kept posted (default 500)\n\
                      \x20 -m, --mtu N       path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)\n\
                      \x20 -g, --gid-idx N   local GID index (default: the device's address)\n\
+                     \x20 --netdev-mtu N    link MTU of the --ip device (default 1500; 65536 on loopback);\n\
+                     \x20                   its active MTU follows as in kernel rxe (9000 -> 4096)\n\
+                     \x20 -c, --chk         the client marks its buffer as ibv_*_pingpong -c does; both\n\
+                     \x20                   sides check every received message byte by byte\n\
+                     \x20 --uc              UC QP instead of RC, as ibv_uc_pingpong (rxe-rc-pingpong only)\n\
                      \x20 -d, --ib-dev NAME device (default rxe0): rxe-emud's if it runs, else in-process\n\
                      \x20 -i, -l            accepted for ibv_*_pingpong compatibility and ignored"
                 );
@@ -113,7 +139,8 @@ pub fn parse_args(default_size: usize) -> Args {
             s if !s.starts_with('-') => a.server = Some(s.to_string()),
             s => die(format!("unknown option {s}")),
         }
-        i += if opt.starts_with('-') { 2 } else { 1 };
+        let flag = matches!(opt, "-c" | "--chk" | "--uc");
+        i += if opt.starts_with('-') && !flag { 2 } else { 1 };
     }
     a.ip = ip;
     a
@@ -223,4 +250,43 @@ pub fn report(size: usize, iters: u32, start: Instant) {
         "{iters} iters in {secs:.2} seconds = {:.2} usec/iter",
         secs * 1e6 / f64::from(iters)
     );
+}
+
+/// What `ibv_*_pingpong -c` puts in a message: the buffer is memset to 0x7b
+/// and the client writes `i / page_size % sizeof(char)`, i.e. 0, at the
+/// start of every page. The receiver's buffer is also its send buffer, so
+/// every message of a run carries exactly this pattern.
+pub fn pattern_byte(i: usize) -> u8 {
+    if i.is_multiple_of(PAGE_SIZE) {
+        0
+    } else {
+        0x7b
+    }
+}
+
+/// The page size ibv_*_pingpong takes from sysconf (x86-64).
+pub const PAGE_SIZE: usize = 4096;
+
+/// Mark a message as `ibv_*_pingpong -c`'s client does.
+pub fn mark_buf(msg: &mut [u8]) {
+    for (i, b) in msg.iter_mut().enumerate() {
+        *b = pattern_byte(i);
+    }
+}
+
+/// Check a received message byte by byte against [`pattern_byte`]; `Err`
+/// names the first differing offset. (rdma-core's server checks only the
+/// page starts, at the end of its run.)
+pub fn check_buf(msg: &[u8]) -> Result<(), String> {
+    match msg
+        .iter()
+        .enumerate()
+        .find(|(i, b)| **b != pattern_byte(*i))
+    {
+        None => Ok(()),
+        Some((i, b)) => Err(format!(
+            "invalid data at offset {i}: 0x{b:02x}, expected 0x{:02x}",
+            pattern_byte(i)
+        )),
+    }
 }

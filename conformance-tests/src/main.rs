@@ -1,0 +1,525 @@
+//! `rxe-conformance`: runs rxe-emu's pingpong tools against rdma-core's over
+//! kernel rxe in the guest that `vm/rxe-vm.sh` booted, in both directions,
+//! with a capture of every run checked by `rxe-emu pcap check`.
+//!
+//! `conformance-tests/run` builds everything, boots the guest, calls this
+//! and tears the guest down; run that. This binary expects the guest up.
+//!
+//! Exit code: 0 every run passed, 1 a run failed, 2 the suite could not
+//! run (no scenario selected, the guest stopped answering, ...).
+
+mod guest;
+mod scenario;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{exit, Command};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use guest::{Capture, Job, Proc, Vm};
+use scenario::{Direction, Scenario, SideResult};
+
+struct Opts {
+    out: PathBuf,
+    vm: PathBuf,
+    bin_dir: PathBuf,
+    pattern: Option<String>,
+    list: bool,
+    timeout: Duration,
+    strict: bool,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: rxe-conformance --out DIR --vm RXE-VM.SH --bin-dir DIR [-k PATTERN] [--timeout S]\n\
+         \x20      rxe-conformance --list [-k PATTERN]\n\
+         PATTERN selects the runs whose \"scenario direction\" contains it.\n\
+         Normally started by conformance-tests/run, which boots the guest first."
+    );
+    exit(2)
+}
+
+fn parse_opts() -> Opts {
+    let mut o = Opts {
+        out: PathBuf::new(),
+        vm: PathBuf::new(),
+        bin_dir: PathBuf::new(),
+        pattern: None,
+        list: false,
+        timeout: Duration::from_secs(60),
+        strict: std::env::var("CONFORMANCE_STRICT").is_ok_and(|v| v == "1"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage());
+        match a.as_str() {
+            "--out" => o.out = val().into(),
+            "--vm" => o.vm = val().into(),
+            "--bin-dir" => o.bin_dir = val().into(),
+            "-k" => o.pattern = Some(val()),
+            "--timeout" => {
+                o.timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage()))
+            }
+            "--list" => o.list = true,
+            _ => usage(),
+        }
+    }
+    if !o.list && (o.out.as_os_str().is_empty() || o.vm.as_os_str().is_empty()) {
+        usage();
+    }
+    o
+}
+
+/// The selected runs, in order.
+fn selected(pattern: Option<&str>) -> Vec<(Scenario, Direction)> {
+    scenario::all()
+        .into_iter()
+        .flat_map(|s| [Direction::EmuServer, Direction::KernelServer].map(|d| (s.clone(), d)))
+        .filter(|(s, d)| pattern.is_none_or(|p| format!("{} {d}", s.name).contains(p)))
+        .collect()
+}
+
+/// How one run ended.
+struct Outcome {
+    name: String,
+    dir: Direction,
+    bytes: u64,
+    packets: u64,
+    secs: f64,
+    failures: Vec<String>,
+    notes: Vec<String>,
+    counters: BTreeMap<String, u64>,
+}
+
+/// A failure of the harness rather than of a run: the suite stops.
+struct Infra(String);
+
+struct Ctx {
+    o: Opts,
+    vm: Vm,
+    link_mtu: u32,
+}
+
+impl Ctx {
+    fn counters(&self) -> Result<BTreeMap<String, u64>, Infra> {
+        let r = self.vm.exec(
+            20,
+            "cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep -H . *",
+        );
+        let c = scenario::parse_counters(&r.stdout);
+        if r.rc != 0 || c.is_empty() {
+            return Err(Infra(format!(
+                "cannot read kernel rxe's counters in the guest (rc {}): {}",
+                r.rc,
+                r.stderr.trim()
+            )));
+        }
+        Ok(c)
+    }
+
+    fn netem(&self, loss: u32) -> Result<(), Infra> {
+        let args = if loss > 0 {
+            format!("loss {loss}%")
+        } else {
+            "off".into()
+        };
+        let r = self.vm.netem(&args);
+        if r.rc != 0 {
+            return Err(Infra(format!(
+                "cannot set netem {args} in the guest: {}",
+                r.stderr.trim()
+            )));
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, s: &Scenario, dir: Direction, idx: usize) -> Result<Outcome, Infra> {
+        let tag = format!("{}.{dir}", s.name);
+        let out = &self.o.out;
+        let file = |ext: &str| out.join(format!("{tag}.{ext}"));
+        let port = scenario::BASE_PORT + idx as u16;
+        let t0 = Instant::now();
+        let mut failures = Vec::new();
+        let mut notes = Vec::new();
+
+        if self.link_mtu != s.link_mtu {
+            let r = self.vm.set_mtu(s.link_mtu);
+            if r.rc != 0 {
+                return Err(Infra(format!(
+                    "cannot set the link MTU: {}",
+                    r.stderr.trim()
+                )));
+            }
+            self.link_mtu = s.link_mtu;
+        }
+        if s.loss_pct > 0 {
+            self.netem(s.loss_pct)?;
+        }
+        let before = self.counters()?;
+        let kcmd = s.kernel_cmd(dir, port);
+        let emu_bin = self.o.bin_dir.join(s.emu_bin());
+        let eargs = s.emu_args(dir, port);
+        let _ = std::fs::write(
+            file("cmd.txt"),
+            format!(
+                "guest (kernel rxe): {kcmd}\nhost (rxe-emu, netns {}): {} {}\n",
+                self.vm.netns,
+                emu_bin.display(),
+                eargs.join(" ")
+            ),
+        );
+        let capture =
+            Capture::start(&self.vm, &file("pcap"), &file("dumpcap.log")).map_err(Infra)?;
+        let job = tag.replace('.', "_");
+        let spawn_emu = || {
+            let mut c = self.vm.host_cmd(&emu_bin);
+            c.args(&eargs);
+            Proc::spawn(c, &file("emu.log"))
+        };
+
+        // Server first; the client only once the server can take it.
+        let mut emu: Option<Proc> = None;
+        let mut kernel_started = false;
+        let mut emu_rc: Option<i32> = None;
+        let mut kernel: Option<Job> = None;
+        let mut kernel_killed = false;
+        match dir {
+            Direction::EmuServer => match spawn_emu() {
+                Ok(mut p) => {
+                    let w = Instant::now();
+                    while !self.vm.host_listening(port) {
+                        if let Some(rc) = p.poll() {
+                            emu_rc = Some(rc);
+                            break;
+                        }
+                        if w.elapsed() > Duration::from_secs(10) {
+                            failures.push("rxe-emu server did not listen within 10 s".into());
+                            p.kill();
+                            emu_rc = Some(-1);
+                            break;
+                        }
+                        sleep(Duration::from_millis(50));
+                    }
+                    emu = Some(p);
+                }
+                Err(e) => return Err(Infra(format!("cannot start {}: {e}", emu_bin.display()))),
+            },
+            Direction::KernelServer => {
+                let r = self.vm.bg(&job, &kcmd);
+                if r.rc != 0 {
+                    return Err(Infra(format!(
+                        "cannot start the guest job: {}",
+                        r.stderr.trim()
+                    )));
+                }
+                kernel_started = true;
+            }
+        }
+        if emu_rc.is_none() {
+            match dir {
+                Direction::EmuServer => {
+                    let r = self.vm.bg(&job, &kcmd);
+                    if r.rc != 0 {
+                        return Err(Infra(format!(
+                            "cannot start the guest job: {}",
+                            r.stderr.trim()
+                        )));
+                    }
+                    kernel_started = true;
+                }
+                Direction::KernelServer => {
+                    emu =
+                        Some(spawn_emu().map_err(|e| {
+                            Infra(format!("cannot start {}: {e}", emu_bin.display()))
+                        })?);
+                }
+            }
+        }
+
+        // Wait for both; whichever fails first ends the other at once.
+        let deadline = Instant::now() + self.o.timeout;
+        let mut last_guest_poll = Instant::now() - Duration::from_secs(1);
+        loop {
+            if emu_rc.is_none() {
+                emu_rc = emu.as_mut().and_then(Proc::poll);
+            }
+            let kernel_done = !kernel_started || matches!(kernel, Some(Job::Exited(_)));
+            if !kernel_done && last_guest_poll.elapsed() >= Duration::from_millis(250) {
+                last_guest_poll = Instant::now();
+                match self.vm.bgstat(&job) {
+                    Some(j) => kernel = Some(j),
+                    None => return Err(Infra("the guest does not answer".into())),
+                }
+            }
+            let kernel_done = !kernel_started || matches!(kernel, Some(Job::Exited(_)));
+            let kernel_failed = matches!(kernel, Some(Job::Exited(rc)) if rc != 0);
+            let emu_failed = matches!(emu_rc, Some(rc) if rc != 0);
+            if emu_rc.is_some() && kernel_done {
+                break;
+            }
+            if emu_failed && !kernel_done {
+                failures.push("rxe-emu side failed first: guest job killed".into());
+                self.vm.bgkill(&job);
+                kernel_killed = true;
+                break;
+            }
+            if kernel_failed && emu_rc.is_none() {
+                failures.push("kernel side failed first: rxe-emu killed".into());
+                if let Some(p) = emu.as_mut() {
+                    p.kill();
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                failures.push(format!(
+                    "timed out after {} s: both sides killed",
+                    self.o.timeout.as_secs()
+                ));
+                if let Some(p) = emu.as_mut() {
+                    p.kill();
+                }
+                if kernel_started {
+                    self.vm.bgkill(&job);
+                    kernel_killed = true;
+                }
+                break;
+            }
+            sleep(Duration::from_millis(50));
+        }
+        let emu_res = SideResult {
+            rc: emu_rc.filter(|&rc| rc >= 0),
+            output: std::fs::read_to_string(file("emu.log")).unwrap_or_default(),
+        };
+        let kernel_res = if !kernel_started {
+            SideResult::default()
+        } else if kernel_killed {
+            SideResult {
+                rc: None,
+                output: self.vm.bgkill(&job).stdout,
+            }
+        } else {
+            let r = self.vm.bgwait(&job, 5);
+            SideResult {
+                rc: if r.rc == 124 { None } else { Some(r.rc) },
+                output: r.stdout,
+            }
+        };
+        let _ = std::fs::write(file("kernel.log"), &kernel_res.output);
+        let dumpcap = capture.stop();
+        if s.loss_pct > 0 {
+            self.netem(0)?;
+        }
+        let after = self.counters()?;
+        let delta = scenario::counter_delta(&before, &after);
+        let mut ctext = String::from("kernel rxe hw_counters, change during this run:\n");
+        for (k, v) in &delta {
+            let _ = writeln!(ctext, "  {k:<24} {v}");
+        }
+        ctext += "after the run:\n";
+        for (k, v) in &after {
+            let _ = writeln!(ctext, "  {k:<24} {v}");
+        }
+        let _ = std::fs::write(file("counters.txt"), ctext);
+
+        failures.extend(scenario::check_side(s, "rxe-emu", &emu_res, true));
+        if kernel_started {
+            failures.extend(scenario::check_side(s, "kernel", &kernel_res, false));
+        } else {
+            failures.push("kernel side never started".into());
+        }
+        let (cf, cn) = scenario::judge_counters(&delta, s.loss_pct > 0, self.o.strict);
+        failures.extend(cf);
+        notes.extend(cn);
+
+        let check = Command::new(self.o.bin_dir.join("rxe-emu"))
+            .args(["pcap", "check"])
+            .arg(file("pcap"))
+            .output();
+        let mut packets = 0;
+        match check {
+            Ok(c) => {
+                let text = String::from_utf8_lossy(&c.stdout).into_owned()
+                    + &String::from_utf8_lossy(&c.stderr);
+                let _ = std::fs::write(file("pcap-check.txt"), format!("{text}\n{dumpcap}"));
+                match scenario::parse_pcap_check(&text) {
+                    Some(p) => {
+                        packets = p.roce;
+                        failures.extend(scenario::check_pcap(s, &p));
+                        if !c.status.success() && p.bad == 0 && p.roce > 0 {
+                            failures.push("rxe-emu pcap check failed".into());
+                        }
+                    }
+                    None => failures.push(format!("rxe-emu pcap check: {}", text.trim())),
+                }
+            }
+            Err(e) => return Err(Infra(format!("cannot run rxe-emu pcap check: {e}"))),
+        }
+        Ok(Outcome {
+            name: s.name.clone(),
+            dir,
+            bytes: s.bytes(),
+            packets,
+            secs: t0.elapsed().as_secs_f64(),
+            failures,
+            notes,
+            counters: delta,
+        })
+    }
+}
+
+fn table(results: &[Outcome], not_run: &[(Scenario, Direction)]) -> String {
+    let mut t = format!(
+        "{:<18} {:<14} {:>9} {:<7} {:>8} {:>6}  kernel counters / notes\n",
+        "scenario", "direction", "bytes", "result", "packets", "secs"
+    );
+    for r in results {
+        let verdict = if r.failures.is_empty() {
+            "PASS"
+        } else {
+            "FAIL"
+        };
+        let pkts = r.counters.get("sent_pkts").copied().unwrap_or(0);
+        let rcvd = r.counters.get("rcvd_pkts").copied().unwrap_or(0);
+        let mut extra = format!("sent {pkts} rcvd {rcvd}");
+        for n in &r.notes {
+            extra += &format!("; {n}");
+        }
+        let _ = writeln!(
+            t,
+            "{:<18} {:<14} {:>9} {:<7} {:>8} {:>6.1}  {extra}",
+            r.name,
+            r.dir.to_string(),
+            r.bytes,
+            verdict,
+            r.packets,
+            r.secs
+        );
+        for f in &r.failures {
+            let _ = writeln!(t, "    - {f}");
+        }
+    }
+    for (s, d) in not_run {
+        let _ = writeln!(
+            t,
+            "{:<18} {:<14} {:>9} {:<7}",
+            s.name,
+            d.to_string(),
+            s.bytes(),
+            "NOT RUN"
+        );
+    }
+    t
+}
+
+fn main() {
+    let o = parse_opts();
+    let runs = selected(o.pattern.as_deref());
+    if o.list {
+        for (s, d) in &runs {
+            println!(
+                "{:<18} {:<14} {:?} size {} x{} path MTU {} link MTU {}{}",
+                s.name,
+                d.to_string(),
+                s.transport,
+                s.size,
+                s.iters,
+                s.path_mtu,
+                s.link_mtu,
+                if s.loss_pct > 0 {
+                    format!(" netem loss {}%", s.loss_pct)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        exit(if runs.is_empty() { 2 } else { 0 });
+    }
+    if runs.is_empty() {
+        eprintln!(
+            "rxe-conformance: no scenario matches -k {:?}",
+            o.pattern.unwrap_or_default()
+        );
+        exit(2);
+    }
+    for b in ["rxe-rc-pingpong", "rxe-ud-pingpong", "rxe-emu"] {
+        if !o.bin_dir.join(b).is_file() {
+            eprintln!(
+                "rxe-conformance: {} is missing (build first)",
+                o.bin_dir.join(b).display()
+            );
+            exit(2);
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(&o.out) {
+        eprintln!("rxe-conformance: {}: {e}", o.out.display());
+        exit(2);
+    }
+    let netns = std::env::var("RXE_EMU_VM_NETNS").unwrap_or_else(|_| "rxe-emu-conf".into());
+    let link_mtu = std::env::var("RXE_EMU_VM_MTU")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(1500);
+    let vm = Vm {
+        script: o.vm.clone(),
+        netns,
+    };
+    let mut ctx = Ctx { o, vm, link_mtu };
+    let n = runs.len();
+    let mut results = Vec::new();
+    let mut infra = None;
+    for (i, (s, d)) in runs.iter().enumerate() {
+        match ctx.run(s, *d, i) {
+            Ok(r) => {
+                println!(
+                    "[{:>2}/{n}] {:<18} {:<14} {} ({:.1} s)",
+                    i + 1,
+                    r.name,
+                    r.dir.to_string(),
+                    if r.failures.is_empty() {
+                        "PASS"
+                    } else {
+                        "FAIL"
+                    },
+                    r.secs
+                );
+                results.push(r);
+            }
+            Err(Infra(e)) => {
+                eprintln!("rxe-conformance: CANNOT CONTINUE at {} {d}: {e}", s.name);
+                infra = Some((i, e));
+                break;
+            }
+        }
+    }
+    let not_run: Vec<_> = match &infra {
+        Some((i, _)) => runs[*i..].to_vec(),
+        None => Vec::new(),
+    };
+    let t = table(&results, &not_run);
+    let failed = results.iter().filter(|r| !r.failures.is_empty()).count();
+    let mut summary = format!("\n{t}\n");
+    let _ = write!(
+        summary,
+        "{} passed, {} failed",
+        results.len() - failed,
+        failed + not_run.len()
+    );
+    if let Some((_, e)) = &infra {
+        let _ = write!(
+            summary,
+            "\nNOT RUN: {} runs (harness error: {e})",
+            not_run.len()
+        );
+    }
+    println!("{summary}");
+    let _ = std::fs::write(ctx.o.out.join("summary.txt"), format!("{summary}\n"));
+    exit(if infra.is_some() {
+        2
+    } else if failed > 0 {
+        1
+    } else {
+        0
+    });
+}
