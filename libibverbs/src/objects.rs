@@ -1000,8 +1000,9 @@ pub unsafe extern "C" fn rxe_ibv_create_qp(
     })
 }
 
-/// `IBV_QP_INIT_ATTR_PD` and `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+/// `IBV_QP_INIT_ATTR_PD`, `_CREATE_FLAGS` and `_SEND_OPS_FLAGS`.
 const QP_INIT_ATTR_PD: u32 = 1;
+const QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// The `ibv_wr_*` operations rxe implements: RDMA WRITE (with imm), SEND
 /// (with imm, with invalidate), RDMA READ, CAS, FAA, LOCAL_INV, BIND_MW.
@@ -1017,11 +1018,22 @@ unsafe extern "C" fn create_qp_ex(
     guard("ibv_create_qp_ex", std::ptr::null_mut(), || {
         // SAFETY: caller-provided attributes.
         let a = unsafe { &mut *a };
-        if a.comp_mask & !(QP_INIT_ATTR_PD | QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        let known = QP_INIT_ATTR_PD | QP_INIT_ATTR_CREATE_FLAGS | QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0 {
             debug(|| {
                 format!(
-                    "ibv_create_qp_ex: comp_mask {:#x} asks for XRC, TSO, RSS or create flags, which rxe lacks",
+                    "ibv_create_qp_ex: comp_mask {:#x} asks for XRC, TSO or RSS, which rxe lacks",
                     a.comp_mask
+                )
+            });
+            return null_with(libc::EOPNOTSUPP);
+        }
+        // Kernel rxe accepts the create-flags field but no flag in it.
+        if a.comp_mask & QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+            debug(|| {
+                format!(
+                    "ibv_create_qp_ex: create_flags {:#x}: rxe supports none",
+                    a.create_flags
                 )
             });
             return null_with(libc::EOPNOTSUPP);

@@ -2,7 +2,7 @@
 //! (`handle_datagram`, `poll_transmit`, `poll_timeout`, `handle_timeout`).
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use wire::icrc::IpUdpInfo;
 use wire::Psn;
@@ -192,13 +192,66 @@ pub struct Engine<M: Memory> {
     next_qpn: u32,
 }
 
-/// The IP address a GID stands for on RoCEv2: IPv4-mapped GIDs are IPv4.
+/// The IP address a GID stands for on RoCEv2: IPv4-mapped GIDs are IPv4,
+/// and so are the link-local GIDs [`derived_link_local`] makes for IPv4
+/// addresses (`fe80::AA:ff:feBB:CCDD` is `AA.BB.CC.DD`), because rxe-emu
+/// devices bound to an IPv4 address list one at GID index 0 (as kernel rxe
+/// lists the netdev's link-local address there) and programs that pick
+/// index 0 must reach the device through it.
 pub fn gid_to_ip(gid: [u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(gid);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
     }
+    let g = gid;
+    let link_local_v4 = g[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0]
+        && g[8..10] == [0, 0]
+        && g[11] == 0xff
+        && g[12] == 0xfe;
+    if link_local_v4 {
+        return IpAddr::V4(Ipv4Addr::new(g[10], g[13], g[14], g[15]));
+    }
+    IpAddr::V6(v6)
+}
+
+/// The IPv6 link-local address rxe-emu lists at GID index 0 for a device
+/// bound to `addr` when no netdev gives it one: the EUI-64 address of the
+/// locally administered MAC `02:00:a:b:c:d` (IPv4 `a.b.c.d`) or
+/// `02:01:` + the low four bytes (IPv6). [`gid_to_ip`] maps the IPv4 form
+/// back to its address, so it carries traffic between rxe-emu devices; the
+/// IPv6 form only reaches the device itself ([`Engine`] routes its own
+/// GIDs to its address).
+pub fn derived_link_local(addr: IpAddr) -> Ipv6Addr {
+    let (marker, b) = match addr {
+        IpAddr::V4(v) => (0x0000u16, v.octets()),
+        IpAddr::V6(v) => {
+            let o = v.octets();
+            (0x01, [o[12], o[13], o[14], o[15]])
+        }
+    };
+    // EUI-64 of 02:MM:b0:b1:b2:b3: flip the universal/local bit (02 -> 00)
+    // and insert ff:fe in the middle.
+    Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        marker,
+        u16::from_be_bytes([b[0], 0xff]),
+        u16::from_be_bytes([0xfe, b[1]]),
+        u16::from_be_bytes([b[2], b[3]]),
+    )
+}
+
+/// The address packets for `ip` go to (or come from): the device's own
+/// derived link-local GID ([`derived_link_local`]) is the device's
+/// address, which owns the socket; any other address is itself.
+
+fn route(gids: &[IpAddr], ip: IpAddr) -> IpAddr {
+    gids.iter()
+        .copied()
+        .find(|g| IpAddr::V6(derived_link_local(*g)) == ip)
+        .unwrap_or(ip)
 }
 
 /// The GID of an IP address (IPv4 addresses are IPv4-mapped).
@@ -449,12 +502,13 @@ impl<M: Memory> Engine<M> {
         Ok(k)
     }
 
-    /// Free a memory window.
+    /// Free a memory window, named by the rkey it was allocated with (its
+    /// index; a type 2 bind may have changed the key byte since).
     pub fn dealloc_mw(&mut self, rkey: u32) -> Result<()> {
         let pd = self
             .ctx
             .keys
-            .mw(rkey)
+            .mw_any_key(rkey)
             .map(|w| w.pd)
             .ok_or_else(|| Error::NotFound(format!("memory window {rkey:#x}")))?;
         self.ctx.keys.dealloc_mw(rkey).map_err(Error::Invalid)?;
@@ -510,7 +564,10 @@ impl<M: Memory> Engine<M> {
                     self.ctx.cfg.gids.len()
                 ))
             })?;
-        let dst = gid_to_ip(attr.dgid);
+        let (src, dst) = (
+            route(&self.ctx.cfg.gids, src),
+            route(&self.ctx.cfg.gids, gid_to_ip(attr.dgid)),
+        );
         if src.is_ipv4() != dst.is_ipv4() {
             return Err(Error::Invalid(format!(
                 "source GID {src} and destination GID {dst} are of different IP versions"
@@ -1075,7 +1132,10 @@ impl<M: Memory> Engine<M> {
                         self.ctx.cfg.gids.len()
                     ))
                 })?;
-            let dst = gid_to_ip(attr.ah_attr.dgid);
+            let (src, dst) = (
+                route(&self.ctx.cfg.gids, src),
+                route(&self.ctx.cfg.gids, gid_to_ip(attr.ah_attr.dgid)),
+            );
             if src.is_ipv4() != dst.is_ipv4() {
                 return Err(Error::Invalid(format!(
                     "IBV_QP_AV: source GID {src} and destination GID {dst} are of different IP versions"

@@ -372,6 +372,13 @@ impl KeyTable {
         self.mws.get(&(rkey >> 8)).filter(|m| m.rkey == rkey)
     }
 
+    /// Look up a memory window by the index part of `rkey`, whatever its
+    /// key byte now is: a type 2 bind gives the window a new rkey, but the
+    /// application still frees it by the `ibv_mw` it allocated.
+    pub fn mw_any_key(&self, rkey: u32) -> Option<&Mw> {
+        self.mws.get(&(rkey >> 8))
+    }
+
     /// Deregister; fails while windows are bound to it.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<Mr, String> {
         match self.mr(lkey) {
@@ -458,7 +465,7 @@ impl KeyTable {
 
     /// Free a memory window (unbinding it).
     pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), String> {
-        if self.mw(rkey).is_none() {
+        if self.mw_any_key(rkey).is_none() {
             return Err(format!("rkey {rkey:#x} names no memory window"));
         }
         self.unbind_from_mr(rkey >> 8);

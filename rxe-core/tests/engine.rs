@@ -864,6 +864,28 @@ fn memory_window_type2_bind_write_and_send_with_invalidate() {
         sc.iter().map(|w| w.status).collect::<Vec<_>>(),
         vec![WcStatus::Success, WcStatus::Success, WcStatus::RemAccessErr]
     );
+    // The application frees the window by what ibv_alloc_mw returned, the
+    // rkey with the old key byte (as pyverbs' test_mw_type2 does).
+    assert_ne!(key, mw);
+    n.node(1).dealloc_mw(mw).unwrap();
+    assert!(n.node(1).dealloc_mw(mw).is_err(), "freed twice");
+}
+
+#[test]
+fn link_local_gid_of_an_ipv4_address_routes_to_that_address() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let v4 = IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3));
+    let ll = rxe_core::derived_link_local(v4);
+    assert_eq!(ll.to_string(), "fe80::aff:fe01:203");
+    assert_eq!(rxe_core::gid_to_ip(ll.octets()), v4);
+    // IPv4-mapped and other IPv6 GIDs are what they say.
+    assert_eq!(rxe_core::gid_to_ip(rxe_core::ip_to_gid(v4)), v4);
+    let real_ll: std::net::Ipv6Addr = "fe80::5054:ff:fe12:3456".parse().unwrap();
+    assert_eq!(rxe_core::gid_to_ip(real_ll.octets()), IpAddr::V6(real_ll));
+    // The IPv6 form is marked apart, so it never reads as IPv4.
+    let v6: IpAddr = "fd00::1:a01:203".parse().unwrap();
+    let ll6 = rxe_core::derived_link_local(v6);
+    assert!(rxe_core::gid_to_ip(ll6.octets()).is_ipv6());
 }
 
 #[test]

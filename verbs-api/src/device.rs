@@ -844,36 +844,17 @@ fn is_response(payload: &[u8]) -> bool {
 /// address has only that entry. Loopback and other addresses without a
 /// netdev link-local get one derived (EUI-64) from a locally administered
 /// MAC made from the address, so index 1 is the IPv4 GID as on kernel rxe
-/// (`ibv_rc_pingpong -g 1`, `perftest -x 1`). The link-local entry is listed
-/// but cannot carry traffic to an IPv4 peer.
+/// (`ibv_rc_pingpong -g 1`, `perftest -x 1`). The link-local entry of an
+/// IPv4 address encodes it, so it carries traffic between rxe-emu devices
+/// as the IPv4 GID does ([`rxe_core::gid_to_ip`]); kernel rxe peers do not
+/// know it.
 pub fn gid_table(addr: IpAddr) -> Vec<IpAddr> {
     if let IpAddr::V6(v6) = addr {
         if v6.segments()[0] & 0xffc0 == 0xfe80 {
             return vec![addr];
         }
     }
-    let b = match addr {
-        IpAddr::V4(v) => {
-            let o = v.octets();
-            [0x02, 0x00, o[0], o[1], o[2], o[3]]
-        }
-        IpAddr::V6(v) => {
-            let o = v.octets();
-            [0x02, 0x00, o[12], o[13], o[14], o[15]]
-        }
-    };
-    // EUI-64: flip the universal/local bit, insert ff:fe.
-    let ll = std::net::Ipv6Addr::new(
-        0xfe80,
-        0,
-        0,
-        0,
-        u16::from_be_bytes([b[0] ^ 0x02, b[1]]),
-        u16::from_be_bytes([b[2], 0xff]),
-        u16::from_be_bytes([0xfe, b[3]]),
-        u16::from_be_bytes([b[4], b[5]]),
-    );
-    vec![IpAddr::V6(ll), addr]
+    vec![IpAddr::V6(rxe_core::derived_link_local(addr)), addr]
 }
 
 impl Device {
