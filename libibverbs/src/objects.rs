@@ -234,19 +234,72 @@ pub unsafe extern "C" fn rxe_ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     })
 }
 
+/// `IBV_REREG_MR_CHANGE_TRANSLATION`, `_CHANGE_PD`, `_CHANGE_ACCESS`.
+const REREG_TRANSLATION: c_int = 1;
+const REREG_PD: c_int = 2;
+const REREG_ACCESS: c_int = 4;
+/// `IBV_REREG_MR_ERR_INPUT`: refused, the old MR is still valid.
+const REREG_ERR_INPUT: c_int = -1;
+
 #[no_mangle]
 pub unsafe extern "C" fn rxe_ibv_rereg_mr(
-    _m: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _len: usize,
-    _access: c_int,
+    m: *mut ibv_mr,
+    flags: c_int,
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
 ) -> c_int {
-    debug(|| "ibv_rereg_mr: not supported yet by rxe-emu".into());
-    // IBV_REREG_MR_ERR_INPUT: the old MR is still valid.
-    set_errno(libc::EOPNOTSUPP);
-    -1
+    let fail_input = |e: c_int| {
+        set_errno(e);
+        REREG_ERR_INPUT
+    };
+    // libibverbs' own checks (verbs.c): known flags only, at least one,
+    // a translation needs an address and a length, a PD change a PD.
+    let known = REREG_TRANSLATION | REREG_PD | REREG_ACCESS;
+    if m.is_null() || flags & !known != 0 || flags == 0 {
+        return fail_input(libc::EINVAL);
+    }
+    if flags & REREG_TRANSLATION != 0 && (addr.is_null() || len == 0) {
+        return fail_input(libc::EINVAL);
+    }
+    if flags & REREG_PD != 0 && p.is_null() {
+        return fail_input(libc::EINVAL);
+    }
+    let new_access = if flags & REREG_ACCESS != 0 {
+        match access_flags(access) {
+            Ok(a) => Some(a),
+            Err(e) => return fail_input(e),
+        }
+    } else {
+        None
+    };
+    guard("ibv_rereg_mr", REREG_ERR_INPUT, || {
+        // SAFETY: an MR we handed out and the caller's PD, both live.
+        let mo = unsafe { &mut *(m as *mut Mr) };
+        let new_pd = (flags & REREG_PD != 0).then(|| unsafe { pd(p) });
+        if let Some(np) = new_pd {
+            if np.ibv.context != mo.ibv.context {
+                return fail_input(libc::EINVAL);
+            }
+        }
+        let range = (flags & REREG_TRANSLATION != 0).then_some((addr as u64, len as u64, None));
+        // SAFETY: the program keeps the new memory mapped until the MR is
+        // deregistered, as the verbs contract requires.
+        match unsafe { mo.mr.rereg_raw(new_pd.map(|x| &x.pd), range, new_access) } {
+            Ok(()) => {
+                if flags & REREG_PD != 0 {
+                    mo.ibv.pd = p;
+                }
+                if flags & REREG_TRANSLATION != 0 {
+                    mo.ibv.addr = addr;
+                    mo.ibv.length = len;
+                }
+                0
+            }
+            Err(e) => fail_input(fail("ibv_rereg_mr", &e)),
+        }
+    })
 }
 
 // ---------------------------------------------------------------------------

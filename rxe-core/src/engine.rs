@@ -246,7 +246,6 @@ pub fn derived_link_local(addr: IpAddr) -> Ipv6Addr {
 /// The address packets for `ip` go to (or come from): the device's own
 /// derived link-local GID ([`derived_link_local`]) is the device's
 /// address, which owns the socket; any other address is itself.
-
 fn route(gids: &[IpAddr], ip: IpAddr) -> IpAddr {
     gids.iter()
         .copied()
@@ -470,6 +469,92 @@ impl<M: Memory> Engine<M> {
             _ => mr,
         };
         self.pd_ref(pd, 1)?;
+        Ok(mr)
+    }
+
+    /// Re-register an MR in place (`ibv_rereg_mr`): move it to `pd`, grant
+    /// it `access`, or point it at other memory (`range`: host address,
+    /// length and optional iova, as for [`Engine::reg_mr_iova`]). Its keys
+    /// stay the same, as on kernel rxe. Work already posted keeps the
+    /// addresses it names, so a receive posted on the old range now fails
+    /// with a local protection error. Nothing changes if any check fails.
+    /// Deviation: kernel rxe (6.1) supports only PD and access changes; a
+    /// user-space device can move the translation too, but not under a
+    /// bound memory window (`Busy`).
+    pub fn rereg_mr(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdHandle>,
+        range: Option<(u64, u64, Option<u64>)>,
+        access: Option<AccessFlags>,
+    ) -> Result<Mr> {
+        let old = self
+            .ctx
+            .keys
+            .mr(lkey)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("MR {lkey:#x}")))?;
+        if let Some(p) = pd {
+            self.pd_ref(p, 0)?;
+        }
+        let access = access.unwrap_or(old.access);
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(Error::Invalid(
+                "IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC require IBV_ACCESS_LOCAL_WRITE".into(),
+            ));
+        }
+        let zero_based = access.contains(AccessFlags::ZERO_BASED);
+        let (host_addr, length, iova) = match range {
+            Some((addr, length, iova)) => {
+                if old.bound_windows > 0 {
+                    return Err(Error::Busy(format!(
+                        "MR {lkey:#x} has {} memory window(s) bound; its translation cannot change",
+                        old.bound_windows
+                    )));
+                }
+                if length > self.ctx.cfg.caps.max_mr_size {
+                    return Err(Error::Invalid(format!(
+                        "length {length} exceeds the largest MR ({} bytes)",
+                        self.ctx.cfg.caps.max_mr_size
+                    )));
+                }
+                let iova = match (zero_based, iova) {
+                    (true, _) => 0,
+                    (false, Some(v)) => v,
+                    (false, None) => addr,
+                };
+                if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
+                    return Err(Error::Invalid("address + length overflows".into()));
+                }
+                (addr, length, iova)
+            }
+            None => {
+                if zero_based != old.access.contains(AccessFlags::ZERO_BASED) {
+                    return Err(Error::Invalid(
+                        "IBV_ACCESS_ZERO_BASED can change only with the translation".into(),
+                    ));
+                }
+                (old.host_addr, old.length, old.iova)
+            }
+        };
+        let new_pd = pd.unwrap_or(old.pd);
+        let mr = self
+            .ctx
+            .keys
+            .mr_mut(lkey)
+            .ok_or_else(|| Error::NotFound(format!("MR {lkey:#x}")))?;
+        mr.pd = new_pd;
+        mr.access = access;
+        mr.host_addr = host_addr;
+        mr.length = length;
+        mr.iova = iova;
+        let mr = mr.clone();
+        if new_pd != old.pd {
+            self.pd_ref(new_pd, 1)?;
+            self.pd_ref(old.pd, -1)?;
+        }
         Ok(mr)
     }
 
@@ -1195,7 +1280,19 @@ impl<M: Memory> Engine<M> {
         qp.state = next;
         qp.attr.qp_state = Some(next);
         match (prev, next) {
-            (_, QpState::Reset) => qp.reset(),
+            (_, QpState::Reset) => {
+                qp.reset();
+                // Deviation from kernel rxe, as ConnectX (mlx4/mlx5
+                // providers' cq_clean on RESET): completions of this QP
+                // still in its CQs are discarded, so a QP reset after an
+                // error and reused never hands its new work the old flushes.
+                let qpn = qp.qpn;
+                for h in [qp.send_cq, qp.recv_cq] {
+                    if let Some(cq) = self.ctx.cqs.get_mut(&h) {
+                        cq.entries.retain(|wc| wc.qp_num != qpn);
+                    }
+                }
+            }
             (p, QpState::Err) if p != QpState::Err => {
                 crate::req::enter_error(qp, &mut self.ctx, None);
             }

@@ -362,6 +362,11 @@ impl KeyTable {
         Some(mr)
     }
 
+    /// The MR named by `lkey`, to change in place (`ibv_rereg_mr`).
+    pub fn mr_mut(&mut self, lkey: u32) -> Option<&mut Mr> {
+        self.mrs.get_mut(&(lkey >> 8)).filter(|m| m.lkey == lkey)
+    }
+
     /// The MR named by a key (lkey or rkey), if the key is current.
     pub fn mr(&self, key: u32) -> Option<&Mr> {
         self.mrs.get(&(key >> 8)).filter(|m| m.lkey == key)

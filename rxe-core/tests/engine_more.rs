@@ -495,3 +495,140 @@ fn ipv6_paths_and_hidden_ipv4_ids() {
         assert!(n.stats().corrupted > 0);
     }
 }
+
+/// RDMA WRITE `len` bytes from `src` (lkey `lkey`) on node 0 to `dst`.
+fn write_to(n: &mut Network, a: &QpEnd, id: u64, src: (u64, u32), dst: u64, rkey: u32) -> WcStatus {
+    let now = n.now();
+    let op = SendOp::RdmaWrite {
+        remote_addr: dst,
+        rkey,
+    };
+    let sg = vec![Sge {
+        addr: src.0,
+        length: 64,
+        lkey: src.1,
+    }];
+    n.node(0)
+        .post_send(now, a.qpn, SendWr::new(id, op, sg))
+        .unwrap();
+    settle(n);
+    let w = wcs(n, 0, a);
+    assert_eq!(w.len(), 1, "{w:?}");
+    w[0].status
+}
+
+#[test]
+fn rereg_mr_changes_access_pd_and_translation_in_place() {
+    let mut n = net(41);
+    let a = n.create_endpoint(0, QpType::Rc, None, None, 8).unwrap();
+    let b = n.create_endpoint(1, QpType::Rc, None, None, 8).unwrap();
+    n.connect(&a, &b, &ConnectOpts::default()).unwrap();
+    let (saddr, smr) = mr(&mut n, 0, a.pd, 64, AccessFlags::LOCAL_WRITE);
+    n.node(0).mem_mut().write(saddr, &[0xab; 64]).unwrap();
+    let src = (saddr, smr.lkey);
+    let (daddr, dmr) = mr(&mut n, 1, b.pd, 64, ALL);
+    assert_eq!(
+        write_to(&mut n, &a, 1, src, daddr, dmr.rkey),
+        WcStatus::Success
+    );
+
+    // Access: without remote write the same rkey is refused.
+    let m = n
+        .node(1)
+        .rereg_mr(dmr.lkey, None, None, Some(AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    assert_eq!((m.lkey, m.rkey), (dmr.lkey, dmr.rkey), "keys are kept");
+    assert_eq!(
+        write_to(&mut n, &a, 2, src, daddr, dmr.rkey),
+        WcStatus::RemAccessErr
+    );
+    // An invalid combination changes nothing.
+    assert!(n
+        .node(1)
+        .rereg_mr(dmr.lkey, None, None, Some(AccessFlags::REMOTE_WRITE))
+        .is_err());
+    assert_eq!(
+        n.node(1).mr(dmr.lkey).unwrap().access,
+        AccessFlags::LOCAL_WRITE
+    );
+
+    // PD: a fresh pair; the MR moves to the new responder's PD and serves it.
+    let a2 = n.create_endpoint(0, QpType::Rc, None, None, 8).unwrap();
+    let b2 = n.create_endpoint(1, QpType::Rc, None, None, 8).unwrap();
+    n.connect(&a2, &b2, &ConnectOpts::default()).unwrap();
+    n.node(0)
+        .rereg_mr(smr.lkey, Some(a2.pd), None, None)
+        .unwrap();
+    n.node(1)
+        .rereg_mr(dmr.lkey, Some(b2.pd), None, Some(ALL))
+        .unwrap();
+    n.node(1).mem_mut().write(daddr, &[0; 64]).unwrap();
+    assert_eq!(
+        write_to(&mut n, &a2, 3, src, daddr, dmr.rkey),
+        WcStatus::Success
+    );
+    assert_eq!(
+        n.node(1).mem_mut().slice(daddr, 64).unwrap(),
+        &[0xab; 64][..]
+    );
+
+    // Translation: the keys now name other memory; the old range is gone.
+    let naddr = n.node(1).mem_mut().alloc(64);
+    n.node(1)
+        .rereg_mr(dmr.lkey, None, Some((naddr, 64, None)), None)
+        .unwrap();
+    assert_eq!(
+        write_to(&mut n, &a2, 4, src, naddr, dmr.rkey),
+        WcStatus::Success
+    );
+    assert_eq!(
+        n.node(1).mem_mut().slice(naddr, 64).unwrap(),
+        &[0xab; 64][..]
+    );
+    assert_eq!(
+        write_to(&mut n, &a2, 5, src, daddr, dmr.rkey),
+        WcStatus::RemAccessErr
+    );
+    assert!(n.node(1).rereg_mr(0xdead_beef, None, None, None).is_err());
+}
+
+#[test]
+fn reset_discards_the_qps_completions_still_in_its_cq() {
+    let mut n = net(42);
+    let a = n.create_endpoint(0, QpType::Rc, None, None, 8).unwrap();
+    let b = n.create_endpoint(1, QpType::Rc, None, None, 8).unwrap();
+    n.connect(&a, &b, &ConnectOpts::default()).unwrap();
+    let (saddr, smr) = mr(&mut n, 0, a.pd, 64, AccessFlags::LOCAL_WRITE);
+    let now = n.now();
+    let op = SendOp::RdmaWrite {
+        remote_addr: 0x1000,
+        rkey: 0x1234_5600,
+    };
+    let sg = vec![Sge {
+        addr: saddr,
+        length: 64,
+        lkey: smr.lkey,
+    }];
+    n.node(0)
+        .post_send(now, a.qpn, SendWr::new(1, op, sg.clone()))
+        .unwrap();
+    n.node(0)
+        .post_send(now, a.qpn, SendWr::new(2, SendOp::Send, sg))
+        .unwrap();
+    settle(&mut n);
+    assert_eq!(n.node(0).qp_state(a.qpn), Some(QpState::Err));
+    // The error and the flush wait in the CQ; RESET drops them (as ConnectX does).
+    let now = n.now();
+    n.node(0)
+        .modify_qp(
+            now,
+            a.qpn,
+            &rxe_core::QpAttr {
+                qp_state: Some(QpState::Reset),
+                ..Default::default()
+            },
+            rxe_core::QpAttrMask::STATE,
+        )
+        .unwrap();
+    assert!(wcs(&mut n, 0, &a).is_empty());
+}

@@ -123,7 +123,8 @@ impl ProtectionDomain {
             dev: self.dev.clone(),
             lkey: mr.lkey,
             rkey: mr.rkey,
-            addr,
+            addr: mr.iova,
+            host: addr,
             len,
             closed: false,
             _buf: PhantomData,
@@ -158,6 +159,7 @@ impl ProtectionDomain {
             lkey: mr.lkey,
             rkey: mr.rkey,
             addr: mr.iova,
+            host: addr,
             len,
             closed: false,
             _buf: PhantomData,
@@ -248,7 +250,10 @@ pub struct MemoryRegion<'a> {
     dev: Device,
     lkey: u32,
     rkey: u32,
+    /// Where SGEs and peers point (the iova).
     addr: u64,
+    /// Where the bytes are in this process.
+    host: u64,
     len: u64,
     closed: bool,
     _buf: PhantomData<&'a mut [u8]>,
@@ -299,7 +304,7 @@ impl MemoryRegion<'_> {
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check(offset, out.len())?;
         let e = self.dev.inner.lock();
-        rxe_core::mem::Memory::read(e.mem(), self.addr + offset, out)
+        rxe_core::mem::Memory::read(e.mem(), self.host + offset, out)
             .map_err(|f| Error::Io(f.to_string()))
     }
 
@@ -307,8 +312,36 @@ impl MemoryRegion<'_> {
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
         let mut e = self.dev.inner.lock();
-        rxe_core::mem::Memory::write(e.mem_mut(), self.addr + offset, data)
+        rxe_core::mem::Memory::write(e.mem_mut(), self.host + offset, data)
             .map_err(|f| Error::Io(f.to_string()))
+    }
+}
+
+impl MemoryRegion<'static> {
+    /// `ibv_rereg_mr`: move the region to `pd`, grant it `access`, or point
+    /// it at `len` bytes at host address `addr` (seen by peers at `iova`,
+    /// or at `addr`). The keys stay the same. On error nothing changed.
+    ///
+    /// # Safety
+    /// With a new range, the caller keeps that memory mapped (and lets the
+    /// device write it, per `access`) until the region is deregistered or
+    /// re-registered again, as for [`ProtectionDomain::reg_mr_raw`].
+    pub unsafe fn rereg_raw(
+        &mut self,
+        pd: Option<&ProtectionDomain>,
+        range: Option<(u64, u64, Option<u64>)>,
+        access: Option<AccessFlags>,
+    ) -> Result<()> {
+        self.dev.inner.check_alive()?;
+        let mr = self
+            .dev
+            .inner
+            .lock()
+            .rereg_mr(self.lkey, pd.map(|p| p.h), range, access)?;
+        self.addr = mr.iova;
+        self.host = mr.host_addr;
+        self.len = mr.length;
+        Ok(())
     }
 }
 
