@@ -290,6 +290,51 @@ pub(crate) unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
     unsafe { &*((c as *mut u8).sub(CTX_OFFSET) as *const Ctx) }
 }
 
+/// The command fds of open contexts: `(context, st_dev, st_ino, device)`.
+/// `ibv_import_device` finds the device of a (duplicated) command fd by the
+/// file it refers to.
+static CMD_FDS: Mutex<Vec<(usize, u64, u64, Device)>> = Mutex::new(Vec::new());
+
+/// The file identity of `fd`, if it is open.
+fn fd_identity(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes only into the stat buffer we pass.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; a bad fd makes fstat fail with EBADF.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+/// Build a context on an opened device whose command fd is `cmd_fd`.
+fn new_context(dev: *mut ibv_device, d: Device, cmd_fd: c_int) -> *mut ibv_context {
+    let async_fd = d.async_fd();
+    // SAFETY: verbs_context is C data: NULL pointers, zero integers and
+    // an all-zero pthread mutex (PTHREAD_MUTEX_INITIALIZER) are valid.
+    let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+    crate::objects::fill_ops(&mut vctx);
+    vctx.sz = std::mem::size_of::<verbs_context>();
+    vctx.context.device = dev;
+    vctx.context.cmd_fd = cmd_fd;
+    vctx.context.async_fd = async_fd;
+    vctx.context.num_comp_vectors =
+        std::thread::available_parallelism().map_or(1, |n| n.get() as c_int);
+    vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED;
+    let c = Box::leak(Box::new(Ctx {
+        vctx,
+        dev: d.clone(),
+        reg: Mutex::new(Registry::default()),
+    }));
+    if let Some((sd, si)) = fd_identity(cmd_fd) {
+        let key = c as *const Ctx as usize;
+        CMD_FDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((key, sd, si, d));
+    }
+    &mut c.vctx.context
+}
+
 fn open(entry: &DevEntry) -> verbs_api::Result<Device> {
     if in_process() {
         let mut cfg = verbs_api::DeviceConfig::new(entry.addr);
@@ -317,24 +362,11 @@ pub unsafe extern "C" fn rxe_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_c
                 return std::ptr::null_mut();
             }
         };
-        let async_fd = d.async_fd();
-        // SAFETY: verbs_context is C data: NULL pointers, zero integers and
-        // an all-zero pthread mutex (PTHREAD_MUTEX_INITIALIZER) are valid.
-        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
-        crate::objects::fill_ops(&mut vctx);
-        vctx.sz = std::mem::size_of::<verbs_context>();
-        vctx.context.device = dev;
-        vctx.context.cmd_fd = -1;
-        vctx.context.async_fd = async_fd;
-        vctx.context.num_comp_vectors =
-            std::thread::available_parallelism().map_or(1, |n| n.get() as c_int);
-        vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED;
-        let c = Box::leak(Box::new(Ctx {
-            vctx,
-            dev: d,
-            reg: Mutex::new(Registry::default()),
-        }));
-        &mut c.vctx.context
+        // The command fd: an anonymous file that names this context's
+        // device, so a duplicate of it can be imported (ibv_import_device).
+        // SAFETY: memfd_create takes a NUL-terminated name and flags.
+        let cmd_fd = unsafe { libc::memfd_create(c"rxe-emu-cmd".as_ptr(), libc::MFD_CLOEXEC) };
+        new_context(dev, d, cmd_fd)
     })
 }
 
@@ -348,16 +380,53 @@ pub unsafe extern "C" fn rxe_ibv_close_device(c: *mut ibv_context) -> c_int {
         // Box we leaked. Objects the program did not destroy are released
         // with the device, as closing the kernel's fd does.
         let b = unsafe { Box::from_raw((c as *mut u8).sub(CTX_OFFSET) as *mut Ctx) };
+        let key = &*b as *const Ctx as usize;
+        CMD_FDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|e| e.0 != key);
+        let cmd_fd = b.vctx.context.cmd_fd;
         drop(b);
+        if cmd_fd >= 0 {
+            // SAFETY: the context owned its command fd.
+            unsafe { libc::close(cmd_fd) };
+        }
         0
     })
 }
 
+/// `ibv_import_device`: a new context on the device whose command fd
+/// `cmd_fd` duplicates (in this process). The new context owns `cmd_fd`.
 #[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
-    debug(|| "ibv_import_device: rxe-emu devices have no command fd to share".into());
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+pub unsafe extern "C" fn rxe_ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    guard("ibv_import_device", std::ptr::null_mut(), || {
+        let Some((sd, si)) = fd_identity(cmd_fd) else {
+            set_errno(libc::EBADF);
+            return std::ptr::null_mut();
+        };
+        let found = CMD_FDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|e| (e.1, e.2) == (sd, si))
+            // SAFETY: the entry's context is alive (removed on close).
+            .map(|e| {
+                (
+                    unsafe { (*(e.0 as *const Ctx)).vctx.context.device },
+                    e.3.clone(),
+                )
+            });
+        match found {
+            Some((dev, d)) => new_context(dev, d, cmd_fd),
+            None => {
+                debug(|| {
+                    format!("ibv_import_device: fd {cmd_fd} is not the command fd of an rxe-emu context")
+                });
+                set_errno(libc::EOPNOTSUPP);
+                std::ptr::null_mut()
+            }
+        }
+    })
 }
 
 /// `device_cap_flags` of Linux 6.1 rxe (`RXE_DEVICE_CAP_FLAGS`): bad P_Key

@@ -69,7 +69,7 @@ pub unsafe extern "C" fn rxe_ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
                 let b = Box::new(Pd {
                     ibv: ibv_pd {
                         context: c,
-                        handle: 0,
+                        handle: pd.handle(),
                     },
                     pd,
                 });
@@ -99,6 +99,39 @@ pub unsafe extern "C" fn rxe_ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
                 errno
             }
         }
+    })
+}
+
+/// `ibv_import_pd`: another `ibv_pd` for PD `handle` of the device of
+/// context `c` (typically imported with `ibv_import_device`).
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_import_pd(c: *mut ibv_context, handle: u32) -> *mut ibv_pd {
+    if c.is_null() {
+        return null_with(libc::EINVAL);
+    }
+    guard("ibv_import_pd", std::ptr::null_mut(), || {
+        // SAFETY: live context.
+        let cx = unsafe { ctx(c) };
+        match cx.dev.import_pd(handle) {
+            Ok(pd) => Box::into_raw(Box::new(Pd {
+                ibv: ibv_pd { context: c, handle },
+                pd,
+            })) as *mut ibv_pd,
+            Err(e) => null_with(fail("ibv_import_pd", &e)),
+        }
+    })
+}
+
+/// `ibv_unimport_pd`: free the `ibv_pd`, not the PD.
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_unimport_pd(p: *mut ibv_pd) {
+    if p.is_null() {
+        return;
+    }
+    guard("ibv_unimport_pd", (), || {
+        // SAFETY: a PD from ibv_import_pd; ownership comes back here. Its
+        // ProtectionDomain does not own the PD, so dropping it frees nothing.
+        drop(unsafe { Box::from_raw(p as *mut Pd) });
     })
 }
 
@@ -231,6 +264,47 @@ pub unsafe extern "C" fn rxe_ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
                 errno
             }
         }
+    })
+}
+
+/// `ibv_import_mr`: another `ibv_mr` for the MR of PD `p` whose handle
+/// (its lkey here) is `handle`. Its `addr` is NULL, as rdma-core leaves it.
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_import_mr(p: *mut ibv_pd, handle: u32) -> *mut ibv_mr {
+    if p.is_null() {
+        return null_with(libc::EINVAL);
+    }
+    guard("ibv_import_mr", std::ptr::null_mut(), || {
+        // SAFETY: a live PD.
+        let pdo = unsafe { pd(p) };
+        match pdo.pd.import_mr(handle) {
+            Ok(mr) => Box::into_raw(Box::new(Mr {
+                ibv: ibv_mr {
+                    context: pdo.ibv.context,
+                    pd: p,
+                    addr: std::ptr::null_mut(),
+                    length: mr.len() as usize,
+                    handle,
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                },
+                mr,
+            })) as *mut ibv_mr,
+            Err(e) => null_with(fail("ibv_import_mr", &e)),
+        }
+    })
+}
+
+/// `ibv_unimport_mr`: free the `ibv_mr`, not the registration.
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_unimport_mr(m: *mut ibv_mr) {
+    if m.is_null() {
+        return;
+    }
+    guard("ibv_unimport_mr", (), || {
+        // SAFETY: an MR from ibv_import_mr; ownership comes back here. Its
+        // MemoryRegion does not own the registration.
+        drop(unsafe { Box::from_raw(m as *mut Mr) });
     })
 }
 

@@ -134,20 +134,6 @@ pub unsafe extern "C" fn rxe_ibv_detach_mcast(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_import_pd(_c: *mut c_void, _h: u32) -> *mut c_void {
-    crate::set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
-}
-#[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_unimport_pd(_pd: *mut c_void) {}
-#[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_import_mr(_pd: *mut c_void, _h: u32) -> *mut c_void {
-    crate::set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
-}
-#[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_unimport_mr(_mr: *mut c_void) {}
-#[no_mangle]
 pub unsafe extern "C" fn rxe_ibv_import_dm(_c: *mut c_void, _h: u32) -> *mut c_void {
     crate::set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()

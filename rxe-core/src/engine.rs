@@ -378,6 +378,11 @@ impl<M: Memory> Engine<M> {
         Ok(pd)
     }
 
+    /// Whether PD `pd` exists (`ibv_import_pd` checks the handle).
+    pub fn has_pd(&self, pd: PdHandle) -> bool {
+        self.pds.contains_key(&pd)
+    }
+
     /// Free a protection domain; refused while objects use it.
     pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
         let users = *self

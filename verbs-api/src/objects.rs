@@ -20,6 +20,27 @@ impl Device {
             dev: self.clone(),
             h,
             closed: false,
+            owned: true,
+        })
+    }
+
+    /// Another handle on PD `handle` of this device (`ibv_import_pd`, for
+    /// a context imported from another one's command fd). Dropping it
+    /// leaves the PD allocated (`ibv_unimport_pd`); [`ProtectionDomain::close`]
+    /// frees it for every holder.
+    pub fn import_pd(&self, handle: u32) -> Result<ProtectionDomain> {
+        self.inner.check_alive()?;
+        let h = PdHandle(handle);
+        if !self.inner.lock().has_pd(h) {
+            return Err(Error::Verbs(rxe_core::Error::NotFound(format!(
+                "PD {handle}"
+            ))));
+        }
+        Ok(ProtectionDomain {
+            dev: self.clone(),
+            h,
+            closed: false,
+            owned: false,
         })
     }
 
@@ -108,6 +129,8 @@ pub struct ProtectionDomain {
     dev: Device,
     h: PdHandle,
     closed: bool,
+    /// False for an imported handle: dropping it does not free the PD.
+    owned: bool,
 }
 
 impl ProtectionDomain {
@@ -127,6 +150,7 @@ impl ProtectionDomain {
             host: addr,
             len,
             closed: false,
+            owned: true,
             _buf: PhantomData,
         })
     }
@@ -162,8 +186,39 @@ impl ProtectionDomain {
             host: addr,
             len,
             closed: false,
+            owned: true,
             _buf: PhantomData,
         })
+    }
+
+    /// This PD's handle, what [`Device::import_pd`] takes.
+    pub fn handle(&self) -> u32 {
+        self.h.0
+    }
+
+    /// Another handle on the MR of this PD whose lkey is `lkey`
+    /// (`ibv_import_mr`). Dropping it leaves the MR registered
+    /// (`ibv_unimport_mr`); [`MemoryRegion::close`] deregisters it.
+    pub fn import_mr(&self, lkey: u32) -> Result<MemoryRegion<'static>> {
+        self.dev.inner.check_alive()?;
+        let mr = self.dev.inner.lock().mr(lkey).cloned();
+        match mr {
+            Some(mr) if mr.pd == self.h && mr.lkey == lkey => Ok(MemoryRegion {
+                dev: self.dev.clone(),
+                lkey: mr.lkey,
+                rkey: mr.rkey,
+                addr: mr.iova,
+                host: mr.host_addr,
+                len: mr.length,
+                closed: false,
+                owned: false,
+                _buf: PhantomData,
+            }),
+            _ => Err(Error::Verbs(rxe_core::Error::NotFound(format!(
+                "MR with lkey {lkey:#x} in PD {}",
+                self.h.0
+            )))),
+        }
     }
 
     /// Allocate a memory window of `mw_type` (`ibv_alloc_mw`).
@@ -239,7 +294,7 @@ impl ProtectionDomain {
 
 impl Drop for ProtectionDomain {
     fn drop(&mut self) {
-        if !self.closed {
+        if !self.closed && self.owned {
             let _ = self.dev.inner.lock().dealloc_pd(self.h);
         }
     }
@@ -256,6 +311,8 @@ pub struct MemoryRegion<'a> {
     host: u64,
     len: u64,
     closed: bool,
+    /// False for an imported handle: dropping it does not deregister.
+    owned: bool,
     _buf: PhantomData<&'a mut [u8]>,
 }
 
@@ -364,7 +421,7 @@ impl Drop for MemoryRegion<'_> {
     fn drop(&mut self) {
         // Work still in flight that names this key fails its key check
         // (LOC_PROT_ERR / REM_ACCESS_ERR); it never touches the buffer again.
-        if !self.closed {
+        if !self.closed && self.owned {
             let _ = self.dev.inner.lock().dereg_mr(self.lkey);
         }
     }
