@@ -108,12 +108,17 @@ pub struct Daemon {
 impl Daemon {
     /// `device` is `rxe0=ADDR`.
     pub fn start(tag: &str, device: &str) -> Daemon {
+        Self::start_with_slots(tag, device, 8)
+    }
+
+    /// As [`Daemon::start`], with room for `slots` open contexts.
+    pub fn start_with_slots(tag: &str, device: &str, slots: u32) -> Daemon {
         let socket = scratch_dir(&format!("d-{tag}")).join("rxe-emud.sock");
         let server = Server::bind(
             ServerConfig {
                 socket_path: socket.clone(),
                 devices: vec![device.parse().unwrap()],
-                slots: 8,
+                slots,
                 any_user: false,
             },
             false,
