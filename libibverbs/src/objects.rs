@@ -149,6 +149,12 @@ const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
 fn access_flags(access: c_int) -> Result<AccessFlags, c_int> {
     let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
+    // The device reports no ODP capabilities, so, as the kernel's
+    // ib_check_mr_access does for such a device, ODP is refused.
+    if AccessFlags::from_bits_truncate(a).contains(AccessFlags::ON_DEMAND) {
+        debug(|| "reg_mr: IBV_ACCESS_ON_DEMAND: on-demand paging is not supported".into());
+        return Err(libc::EOPNOTSUPP);
+    }
     AccessFlags::from_bits(a).ok_or_else(|| {
         debug(|| format!("reg_mr: unknown access flags {a:#x}"));
         libc::EINVAL
