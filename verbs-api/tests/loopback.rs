@@ -734,17 +734,28 @@ fn gid_table_is_laid_out_like_kernel_rxe() {
     assert_eq!(d.gid(), t[1]);
     assert_eq!(d.port_mtu(), Mtu::M4096);
     assert_eq!(d.query_device().vendor_id, 0xffffff);
-    // An address vector from the link-local GID to an IPv4 peer is refused
-    // with a message, not silently misrouted.
+    // The link-local GID stands for the device's IPv4 address (programs
+    // that pick GID index 0, as pyverbs does, reach the device through it),
+    // so an address vector from it to an IPv4 peer works...
+    assert_eq!(
+        rxe_core::gid_to_ip(t[0]),
+        "127.0.8.1".parse::<std::net::IpAddr>().unwrap()
+    );
     let pd = d.alloc_pd().unwrap();
+    let av = |dgid: [u8; 16]| AhAttr {
+        dgid,
+        sgid_index: 0,
+        is_global: true,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    pd.create_ah(&av(t[1])).unwrap();
+    pd.create_ah(&av(t[0])).unwrap();
+    // ...while one to a real IPv6 address is refused with a message, not
+    // silently misrouted.
+    let v6: std::net::Ipv6Addr = "fd00::1".parse().unwrap();
     let err = pd
-        .create_ah(&AhAttr {
-            dgid: t[1],
-            sgid_index: 0,
-            is_global: true,
-            port_num: 1,
-            ..AhAttr::default()
-        })
+        .create_ah(&av(v6.octets()))
         .err()
         .expect("mixed IP versions must be refused");
     assert!(err.to_string().contains("different IP versions"), "{err}");
