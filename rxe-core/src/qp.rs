@@ -8,7 +8,7 @@ use wire::{Opcode, Psn};
 use crate::caps::Mtu;
 use crate::qp_attr::{QpAttr, QpCap, QpState, QpType};
 use crate::time::Instant;
-use crate::wr::{SendWr, Sge, WcStatus};
+use crate::wr::{SendOp, SendWr, Sge, WcStatus};
 use crate::{CqHandle, PdHandle, SrqHandle};
 
 /// Where a send WQE is in its life (kernel `enum wqe_state`).
@@ -62,7 +62,7 @@ impl SendWqe {
     pub fn npsn(&self, mtu: u32) -> u32 {
         if self.wr.op.is_local() {
             0
-        } else if self.wr.op.is_atomic() {
+        } else if self.wr.op.is_atomic() || matches!(self.wr.op, SendOp::AtomicWrite { .. }) {
             1
         } else {
             self.length.div_ceil(mtu).max(1)
@@ -364,14 +364,14 @@ impl Qp {
         self.started_retry = false;
     }
 
-    /// Count of READ/atomic WQEs sent and not yet completed: they hold
-    /// responder resources at the peer, bounded by `max_rd_atomic`.
+    /// Count of READ/atomic/ATOMIC WRITE WQEs sent and not yet completed:
+    /// they hold responder resources at the peer, bounded by `max_rd_atomic`.
     pub fn rd_atomic_in_flight(&self) -> u32 {
         self.sq
             .iter()
             .take(self.req_idx)
             .filter(|w| {
-                w.wr.op.is_read_or_atomic()
+                w.wr.op.needs_rd_atomic()
                     && matches!(w.state, WqeState::Processing | WqeState::Pending)
             })
             .count() as u32
