@@ -97,7 +97,7 @@ pub(crate) struct ActiveWrite {
     pub length: u32,
 }
 
-/// Responder resource for READ and atomics (IBTA 9.7.5.1.1: duplicates are
+/// Responder resource for READ, atomics and ATOMIC WRITE (IBTA 9.7.5.1.1: duplicates are
 /// answered from here), kept in a ring of `max_dest_rd_atomic` entries.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Resource {
@@ -112,6 +112,11 @@ pub(crate) enum Resource {
         psn: Psn,
         orig: u64,
     },
+    /// An executed ATOMIC WRITE: a duplicate is acknowledged again, never
+    /// written again (kernel `atomic_write_reply` with `res->replay`).
+    AtomicWrite {
+        psn: Psn,
+    },
 }
 
 impl Resource {
@@ -122,7 +127,7 @@ impl Resource {
                 last_psn,
                 ..
             } => psn.is_after_or_eq(first_psn) && psn.is_before_or_eq(last_psn),
-            Resource::Atomic { psn: p, .. } => p == psn,
+            Resource::Atomic { psn: p, .. } | Resource::AtomicWrite { psn: p } => p == psn,
         }
     }
 }
