@@ -65,7 +65,9 @@ fn process<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, pkt: &PacketR
             continue;
         }
         // Kernel check_psn: a response past the oldest WQE acknowledges a
-        // SEND/WRITE implicitly, but means lost responses for READ/atomics.
+        // SEND/WRITE (and an ATOMIC WRITE, which is not in the kernel's
+        // WR_ATOMIC_OR_READ_MASK) implicitly, but means lost responses for
+        // READ/atomics.
         if psn.is_after(w.last_psn) {
             if w.state != WqeState::Pending {
                 ctx.counters.rcvd_ignored_resp += 1;
@@ -126,9 +128,37 @@ fn check_ack<M: Memory>(
     let Some(w) = qp.sq.front() else { return };
     let is_read = matches!(w.wr.op, SendOp::RdmaRead { .. });
     let is_atomic = w.wr.op.is_atomic();
+    let is_atomic_write = matches!(w.wr.op, SendOp::AtomicWrite { .. });
 
     if flags.contains(OpFlags::READ) && !flags.contains(OpFlags::REQ) {
         // A READ response.
+        if is_atomic_write && pkt.aeth.is_some() {
+            // Kernel check_ack: the responder answers an ATOMIC WRITE with a
+            // READ response (RDMA_READ_RESPONSE_ONLY, no payload); one with
+            // an AETH that acknowledges is taken like an ACK of a WRITE
+            // (COMPST_WRITE_SEND).
+            if !matches!(syndrome, Some(Syndrome::Ack { .. })) {
+                fail_head(
+                    qp,
+                    ctx,
+                    WcStatus::BadRespErr,
+                    format!(
+                        "{} at PSN {psn} for an ATOMIC_WRITE carried AETH {}",
+                        op.name(),
+                        pkt.aeth.map(|a| a.syndrome.to_string()).unwrap_or_default()
+                    ),
+                );
+                return;
+            }
+            let complete = w.state == WqeState::Pending && psn == w.last_psn;
+            qp.reset_retry_counters();
+            if complete {
+                complete_head(qp, ctx);
+            } else {
+                qp.comp_psn = psn.next();
+            }
+            return;
+        }
         if !is_read {
             // Kernel check_ack: a READ response for anything else is fatal.
             fail_head(
@@ -259,6 +289,8 @@ fn check_ack<M: Memory>(
         Some(Syndrome::Ack { .. }) => {
             if is_read || is_atomic {
                 // A plain ACK inside a READ/atomic's PSNs answers nothing.
+                // (One for an ATOMIC WRITE acknowledges it, as in the
+                // kernel's check_ack.)
                 ctx.counters.rcvd_ignored_resp += 1;
                 return;
             }

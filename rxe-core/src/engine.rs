@@ -1559,6 +1559,14 @@ fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<Sen
             )));
         }
     }
+    if matches!(wr.op, SendOp::AtomicWrite { .. }) && length != 8 {
+        // Kernel rxe sends `wqe->dma.length` bytes with no check (its
+        // provider's ibv_wr_atomic_write always sets 8); an ATOMIC WRITE
+        // of any other length is meaningless, so it is refused here.
+        return Err(Error::Invalid(format!(
+            "ATOMIC_WRITE writes exactly 8 bytes; the WR's data holds {length}"
+        )));
+    }
     let mut inline = None;
     if wr.flags.contains(SendFlags::INLINE) && wr.op.carries_payload() {
         if length > qp.cap.max_inline_data {

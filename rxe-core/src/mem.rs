@@ -89,6 +89,32 @@ pub trait Memory {
         self.write(addr, &op.apply(orig).to_ne_bytes())?;
         Ok(orig)
     }
+
+    /// Store `value` at `addr` (8-byte aligned) as one indivisible 8-byte
+    /// write, ordered after every earlier access (an ATOMIC WRITE, IBTA 1.5
+    /// Annex A19; kernel rxe does `smp_store_release`). `value` holds the 8
+    /// bytes in memory order, as `u64::from_ne_bytes` of them.
+    ///
+    /// The default is a compare-and-swap loop over [`Memory::atomic`], so a
+    /// backend whose `atomic` uses real atomic instructions gets a real
+    /// atomic store without more code; a backend may override it with a
+    /// release store.
+    fn atomic_write(&mut self, addr: u64, value: u64) -> Result<(), MemoryFault> {
+        let mut expect = 0u64;
+        loop {
+            let seen = self.atomic(
+                addr,
+                AtomicOp::CompareSwap {
+                    compare: expect,
+                    swap: value,
+                },
+            )?;
+            if seen == expect {
+                return Ok(());
+            }
+            expect = seen;
+        }
+    }
 }
 
 /// A simulated address space made of separately allocated regions, for tests,
@@ -238,5 +264,19 @@ mod tests {
             .unwrap(),
             1
         );
+    }
+
+    #[test]
+    fn atomic_write_stores_whatever_was_there() {
+        let mut m = VecMemory::new();
+        let a = m.alloc(16);
+        m.atomic_write(a, 0x1122_3344_5566_7788).unwrap();
+        m.write(a + 8, &7u64.to_ne_bytes()).unwrap();
+        m.atomic_write(a + 8, 0).unwrap();
+        let mut out = [0u8; 16];
+        m.read(a, &mut out).unwrap();
+        assert_eq!(&out[..8], &0x1122_3344_5566_7788u64.to_ne_bytes());
+        assert_eq!(&out[8..], &[0; 8]);
+        assert!(m.atomic_write(a + 16, 1).is_err(), "outside the region");
     }
 }

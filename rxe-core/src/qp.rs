@@ -8,7 +8,7 @@ use wire::{Opcode, Psn};
 use crate::caps::Mtu;
 use crate::qp_attr::{QpAttr, QpCap, QpState, QpType};
 use crate::time::Instant;
-use crate::wr::{SendWr, Sge, WcStatus};
+use crate::wr::{SendOp, SendWr, Sge, WcStatus};
 use crate::{CqHandle, PdHandle, SrqHandle};
 
 /// Where a send WQE is in its life (kernel `enum wqe_state`).
@@ -62,7 +62,7 @@ impl SendWqe {
     pub fn npsn(&self, mtu: u32) -> u32 {
         if self.wr.op.is_local() {
             0
-        } else if self.wr.op.is_atomic() {
+        } else if self.wr.op.is_atomic() || matches!(self.wr.op, SendOp::AtomicWrite { .. }) {
             1
         } else {
             self.length.div_ceil(mtu).max(1)
@@ -97,7 +97,7 @@ pub(crate) struct ActiveWrite {
     pub length: u32,
 }
 
-/// Responder resource for READ and atomics (IBTA 9.7.5.1.1: duplicates are
+/// Responder resource for READ, atomics and ATOMIC WRITE (IBTA 9.7.5.1.1: duplicates are
 /// answered from here), kept in a ring of `max_dest_rd_atomic` entries.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Resource {
@@ -112,6 +112,11 @@ pub(crate) enum Resource {
         psn: Psn,
         orig: u64,
     },
+    /// An executed ATOMIC WRITE: a duplicate is acknowledged again, never
+    /// written again (kernel `atomic_write_reply` with `res->replay`).
+    AtomicWrite {
+        psn: Psn,
+    },
 }
 
 impl Resource {
@@ -122,7 +127,7 @@ impl Resource {
                 last_psn,
                 ..
             } => psn.is_after_or_eq(first_psn) && psn.is_before_or_eq(last_psn),
-            Resource::Atomic { psn: p, .. } => p == psn,
+            Resource::Atomic { psn: p, .. } | Resource::AtomicWrite { psn: p } => p == psn,
         }
     }
 }
@@ -364,14 +369,14 @@ impl Qp {
         self.started_retry = false;
     }
 
-    /// Count of READ/atomic WQEs sent and not yet completed: they hold
-    /// responder resources at the peer, bounded by `max_rd_atomic`.
+    /// Count of READ/atomic/ATOMIC WRITE WQEs sent and not yet completed:
+    /// they hold responder resources at the peer, bounded by `max_rd_atomic`.
     pub fn rd_atomic_in_flight(&self) -> u32 {
         self.sq
             .iter()
             .take(self.req_idx)
             .filter(|w| {
-                w.wr.op.is_read_or_atomic()
+                w.wr.op.needs_rd_atomic()
                     && matches!(w.state, WqeState::Processing | WqeState::Pending)
             })
             .count() as u32

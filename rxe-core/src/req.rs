@@ -78,7 +78,7 @@ pub(crate) fn run<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
                 complete_from_head(qp, ctx);
                 continue;
             }
-            if qp.qp_type == QpType::Rc && w.wr.op.is_read_or_atomic() {
+            if qp.qp_type == QpType::Rc && w.wr.op.needs_rd_atomic() {
                 if qp.attr.max_rd_atomic == 0 {
                     // Kernel rxe would wait forever here; we fail the WR instead
                     // so that the application sees why nothing happens.
@@ -250,6 +250,19 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
                 compare: 0,
             });
         }
+        SendOp::AtomicWrite { remote_addr, rkey } => {
+            // Kernel rxe_req.c: one RC_ATOMIC_WRITE packet, a RETH for the
+            // whole 8 bytes, the 8 bytes as payload (finish_packet copies
+            // `wqe->dma.atomic_wr`), AckReq as the last packet of its
+            // message, never SE.
+            h = Headers::new(Opcode::RC_ATOMIC_WRITE, qp.attr.dest_qp_num, psn);
+            h.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey,
+                dma_len: length,
+            });
+            payload_len = length as usize;
+        }
         ref op => {
             if qp_type == QpType::Ud {
                 let Some(u) = w.ud else {
@@ -360,7 +373,11 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
     }
     let w = &mut qp.sq[idx];
     w.offset = offset + payload_len as u32;
-    if matches!(w.wr.op, SendOp::RdmaRead { .. }) || w.wr.op.is_atomic() {
+    if matches!(
+        w.wr.op,
+        SendOp::RdmaRead { .. } | SendOp::AtomicWrite { .. }
+    ) || w.wr.op.is_atomic()
+    {
         w.offset = length;
     }
     if !last {
@@ -396,7 +413,7 @@ pub(crate) fn rewind(qp: &mut Qp) {
         }
         let npsn = w.npsn(mtu) as i32;
         let acked = comp.diff(w.first_psn).clamp(0, npsn) as u32;
-        w.offset = if w.wr.op.is_atomic() {
+        w.offset = if w.wr.op.is_atomic() || matches!(w.wr.op, SendOp::AtomicWrite { .. }) {
             0
         } else {
             (acked * mtu).min(w.length)

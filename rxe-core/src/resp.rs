@@ -87,6 +87,18 @@ fn send_atomic_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64) {
     }
 }
 
+/// Acknowledge an ATOMIC WRITE (kernel `send_read_response_ack`): an
+/// RDMA_READ_RESPONSE_ONLY with an ACK AETH, the current MSN and no
+/// payload, at the request's PSN.
+fn send_read_response_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, psn: Psn) {
+    let Some(r) = route(qp) else { return };
+    let mut h = Headers::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, qp.attr.dest_qp_num, psn);
+    h.aeth = Some(aeth(ACK, qp.msn));
+    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
+        ctx.counters.send_err += 1;
+    }
+}
+
 /// Start answering a READ (or replaying one from `start_psn`): the
 /// responses are built by [`continue_read`] as the driver polls.
 fn start_read_reply<M>(qp: &mut Qp, ctx: &mut Ctx<M>, reply: ReadReply) {
@@ -467,7 +479,7 @@ fn execute<M: Memory>(
             ));
         }
     }
-    if flags.intersects(OpFlags::FLUSH | OpFlags::ATOMIC_WRITE) {
+    if flags.contains(OpFlags::FLUSH) {
         return Err(class_c(
             qp,
             invalid(format!(
@@ -485,7 +497,8 @@ fn execute<M: Memory>(
             Fault::Drop
         });
     }
-    if (flags.contains(OpFlags::READ) || flags.contains(OpFlags::ATOMIC))
+    // Kernel check_resource: RXE_READ_OR_ATOMIC_MASK | RXE_ATOMIC_WRITE_MASK.
+    if flags.intersects(OpFlags::READ | OpFlags::ATOMIC | OpFlags::ATOMIC_WRITE)
         && qp.attr.max_dest_rd_atomic == 0
     {
         return Err(invalid(format!(
@@ -528,6 +541,9 @@ fn execute<M: Memory>(
     }
     if flags.contains(OpFlags::ATOMIC) {
         return atomic_request(qp, ctx, pkt);
+    }
+    if flags.contains(OpFlags::ATOMIC_WRITE) {
+        return atomic_write_request(qp, ctx, pkt);
     }
     if is_write {
         write_data(qp, ctx, pkt, start, end)?;
@@ -867,8 +883,80 @@ fn atomic_request<M: Memory>(
     Ok(())
 }
 
+/// Execute an ATOMIC WRITE (kernel check_rkey, then `atomic_write_reply`
+/// and `acknowledge`): the RETH's rkey must grant REMOTE_WRITE over its
+/// range, the payload must be exactly what the RETH announces, the target
+/// 8-byte aligned; then the 8 bytes are stored at once and the request is
+/// acknowledged with an empty RDMA_READ_RESPONSE_ONLY.
+fn atomic_write_request<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+) -> Result<(), Fault> {
+    let Some(reth) = pkt.reth else {
+        return Err(invalid("ATOMIC_WRITE without RETH".into()));
+    };
+    let psn = pkt.bth.psn;
+    // Kernel check_rkey: key, access and range first (RKEY_VIOLATION, a
+    // remote access error)...
+    let r = ctx
+        .keys
+        .check_remote(
+            qp.pd,
+            qp.qpn,
+            reth.rkey,
+            reth.va,
+            u64::from(reth.dma_len),
+            AccessFlags::REMOTE_WRITE,
+        )
+        .map_err(|e| access(e, "ATOMIC WRITE"))?;
+    // ...then the payload against the RETH length, pad included (ERR_LENGTH,
+    // an invalid request).
+    let plen = pkt.payload.len();
+    if plen != reth.dma_len as usize || pkt.bth.pad_count != 0 {
+        return Err(invalid(format!(
+            "ATOMIC_WRITE at PSN {psn} carries {plen} bytes (pad {}) but its RETH announces {}",
+            pkt.bth.pad_count, reth.dma_len
+        )));
+    }
+    // Kernel atomic_write_reply copies the payload into a u64 and stores
+    // it: anything but 8 bytes would store bytes nobody sent. Refused as
+    // an invalid request.
+    let Ok(bytes) = <[u8; 8]>::try_from(pkt.payload) else {
+        return Err(invalid(format!(
+            "ATOMIC_WRITE at PSN {psn} must carry 8 bytes, not {plen}"
+        )));
+    };
+    // Kernel: RESPST_ERR_MISALIGNED_ATOMIC, class C (invalid request). The
+    // kernel tests the address the bytes land at; so do we, and the
+    // address on the wire.
+    if reth.va & 7 != 0 || r.host_addr & 7 != 0 {
+        return Err(invalid(format!(
+            "ATOMIC_WRITE at {:#x} is not 8-byte aligned",
+            reth.va
+        )));
+    }
+    ctx.mem
+        .atomic_write(r.host_addr, u64::from_ne_bytes(bytes))
+        .map_err(|e| {
+            fatal(
+                NakCode::RemoteAccessError,
+                WcStatus::RemAccessErr,
+                AsyncEventKind::QpAccessErr,
+                e.to_string(),
+            )
+        })?;
+    push_resource(qp, Resource::AtomicWrite { psn });
+    qp.resp_psn = psn.next();
+    qp.resp_opcode = None;
+    qp.msn = (qp.msn + 1) & 0x00ff_ffff;
+    send_read_response_ack(qp, ctx, psn);
+    Ok(())
+}
+
 /// IBTA 9.7.5.1.1 (kernel `duplicate_request`): re-ACK a duplicate SEND or
-/// WRITE, re-execute a duplicate READ, replay an atomic's saved result.
+/// WRITE, re-execute a duplicate READ, replay an atomic's saved result,
+/// acknowledge a duplicate ATOMIC WRITE again without writing.
 fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, flags: OpFlags) {
     let psn = pkt.bth.psn;
     if flags.contains(OpFlags::SEND) || flags.contains(OpFlags::WRITE) {
@@ -927,6 +1015,9 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, fla
         }
         (Resource::Atomic { orig, .. }, _) if flags.contains(OpFlags::ATOMIC) => {
             send_atomic_ack(qp, ctx, psn, orig);
+        }
+        (Resource::AtomicWrite { .. }, _) if flags.contains(OpFlags::ATOMIC_WRITE) => {
+            send_read_response_ack(qp, ctx, psn);
         }
         _ => {}
     }

@@ -110,6 +110,20 @@ pub enum SendOp {
         /// Value to add (wrapping).
         add: u64,
     },
+    /// `IBV_WR_ATOMIC_WRITE` (IBTA 1.5 Annex A19, kernel rxe since Linux
+    /// 6.2): store 8 bytes at `remote_addr` (8-byte aligned) as one
+    /// indivisible write. The 8 bytes are the WR's data: its SGEs, or with
+    /// [`SendFlags::INLINE`] the inline data copied at post time (how
+    /// `ibv_wr_atomic_write` hands over its `atomic_wr` buffer); they must
+    /// total exactly 8 bytes. Needs `IBV_ACCESS_REMOTE_WRITE` at the
+    /// responder and counts against `max_rd_atomic` like a READ. Completes
+    /// as [`WcOpcode::AtomicWrite`] with `byte_len` 8.
+    AtomicWrite {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
     /// Invalidate a local key (a type 2 memory window).
     LocalInv {
         /// The key to invalidate.
@@ -141,6 +155,7 @@ impl SendOp {
             SendOp::LocalInv { .. } => 7,
             SendOp::BindMw { .. } => 8,
             SendOp::SendWithInv { .. } => 9,
+            SendOp::AtomicWrite { .. } => 15,
         }
     }
 
@@ -154,13 +169,15 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
             SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
             SendOp::BindMw { .. } => WcOpcode::BindMw,
         }
     }
 
-    /// READ and atomics use responder resources and count against
-    /// `max_rd_atomic`.
+    /// READ, CMP_SWP and FETCH_ADD: operations answered with data, for
+    /// which a response past their PSNs means a lost response (kernel
+    /// `WR_ATOMIC_OR_READ_MASK`). ATOMIC WRITE is not one of them.
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
@@ -168,7 +185,17 @@ impl SendOp {
         )
     }
 
-    /// Atomics move exactly 8 bytes.
+    /// Operations that use a responder resource and count against
+    /// `max_rd_atomic`: READ, the atomics and ATOMIC WRITE (kernel
+    /// `rxe_requester` calls `check_init_depth` for `RXE_READ_OR_ATOMIC_MASK
+    /// | RXE_ATOMIC_WRITE_MASK`).
+    pub fn needs_rd_atomic(&self) -> bool {
+        self.is_read_or_atomic() || matches!(self, SendOp::AtomicWrite { .. })
+    }
+
+    /// CMP_SWP and FETCH_ADD, which carry an AtomicETH and are answered by
+    /// an ATOMIC ACKNOWLEDGE. (ATOMIC WRITE is not: see
+    /// [`SendOp::AtomicWrite`].)
     pub fn is_atomic(&self) -> bool {
         matches!(
             self,
@@ -190,6 +217,7 @@ impl SendOp {
                 | SendOp::SendWithInv { .. }
                 | SendOp::RdmaWrite { .. }
                 | SendOp::RdmaWriteWithImm { .. }
+                | SendOp::AtomicWrite { .. }
         )
     }
 
@@ -204,6 +232,7 @@ impl SendOp {
             SendOp::RdmaRead { .. } => "RDMA_READ",
             SendOp::AtomicCmpSwp { .. } => "ATOMIC_CMP_AND_SWP",
             SendOp::AtomicFetchAdd { .. } => "ATOMIC_FETCH_AND_ADD",
+            SendOp::AtomicWrite { .. } => "ATOMIC_WRITE",
             SendOp::LocalInv { .. } => "LOCAL_INV",
             SendOp::BindMw { .. } => "BIND_MW",
         }
@@ -390,6 +419,8 @@ pub enum WcOpcode {
     BindMw = 5,
     /// `IBV_WC_LOCAL_INV`.
     LocalInv = 6,
+    /// `IBV_WC_ATOMIC_WRITE` (9; 7 is `IBV_WC_TSO`, 8 `IBV_WC_FLUSH`).
+    AtomicWrite = 9,
     /// `IBV_WC_RECV`: a SEND arrived into a receive WR.
     Recv = 128,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`: a WRITE with immediate consumed a receive WR.
