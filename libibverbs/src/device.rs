@@ -511,8 +511,11 @@ pub unsafe extern "C" fn query_device_ex(
         fill_device_attr(unsafe { ctx(c) }, &mut ex.orig_attr);
         // Kernel rxe reports no extended capabilities beyond the basic
         // attributes (no ODP, TSO, RSS, pacing, tag matching, DM); the
-        // port count is repeated in phys_port_cnt_ex.
+        // port count is repeated in phys_port_cnt_ex. The 64-bit flags
+        // repeat device_cap_flags, plus IB_UVERBS_DEVICE_ATOMIC_WRITE
+        // (bit 40), which rxe has since Linux 6.2 and rxe-emu supports.
         ex.phys_port_cnt_ex = 1;
+        ex.device_cap_flags_ex = u64::from(RXE_DEVICE_CAP_FLAGS) | (1 << 40);
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has attr_size bytes; we copy at most
         // that many from ours.

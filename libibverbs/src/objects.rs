@@ -1138,8 +1138,11 @@ const QP_INIT_ATTR_PD: u32 = 1;
 const QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// The `ibv_wr_*` operations rxe implements: RDMA WRITE (with imm), SEND
-/// (with imm, with invalidate), RDMA READ, CAS, FAA, LOCAL_INV, BIND_MW.
-const SUPPORTED_SEND_OPS: u64 = 0x3ff & !(1 << 10);
+/// (with imm, with invalidate), RDMA READ, CAS, FAA, LOCAL_INV, BIND_MW,
+/// ATOMIC WRITE.
+const SUPPORTED_SEND_OPS: u64 = (0x3ff & !(1 << 10)) | QP_EX_WITH_ATOMIC_WRITE;
+/// `IBV_QP_EX_WITH_ATOMIC_WRITE`.
+const QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
 
 unsafe extern "C" fn create_qp_ex(
     _c: *mut ibv_context,

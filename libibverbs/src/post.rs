@@ -157,6 +157,7 @@ mod op {
     pub const LOCAL_INV: i32 = 7;
     pub const BIND_MW: i32 = 8;
     pub const SEND_WITH_INV: i32 = 9;
+    pub const ATOMIC_WRITE: i32 = 15;
 }
 
 /// # Safety
@@ -196,6 +197,12 @@ unsafe fn send_wr_from_c(w: &ibv_send_wr) -> Result<SendWr, c_int> {
             add: atomic.compare_add,
         },
         op::LOCAL_INV => SendOp::LocalInv { rkey: w.imm_data },
+        // The 8 bytes come from the SGE list (or inline data); the target
+        // from wr.rdma, where the ibv_post_send API puts a remote address.
+        op::ATOMIC_WRITE => SendOp::AtomicWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
         op::BIND_MW => {
             let lkey = if bind.bind_info.mr.is_null() {
                 0
@@ -684,6 +691,29 @@ unsafe extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, remote_ad
         },
     )
 }
+/// `ibv_wr_atomic_write`: the 8 bytes at `data` are copied now (as the
+/// rxe provider does) and sent as inline data of an ATOMIC WRITE.
+unsafe extern "C" fn wr_atomic_write(
+    q: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    data: *const c_void,
+) {
+    if data.is_null() {
+        debug(|| "ibv_wr_atomic_write: no data".into());
+        qpx(q)
+            .build
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .err
+            .get_or_insert(libc::EINVAL);
+        return;
+    }
+    // SAFETY: the program passes 8 readable bytes (verbs.h contract).
+    let d: Box<[u8]> = unsafe { std::slice::from_raw_parts(data as *const u8, 8) }.into();
+    push(q, SendOp::AtomicWrite { remote_addr, rkey });
+    set_inline(q, vec![d]);
+}
 unsafe extern "C" fn wr_local_inv(q: *mut ibv_qp_ex, rkey: u32) {
     push(q, SendOp::LocalInv { rkey })
 }
@@ -832,6 +862,7 @@ pub fn fill_qp_ex(q: &mut ibv_qp_ex) {
     q.wr_rdma_read = Some(wr_rdma_read);
     q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
     q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_atomic_write = Some(wr_atomic_write);
     q.wr_local_inv = Some(wr_local_inv);
     q.wr_bind_mw = Some(wr_bind_mw);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);

@@ -46,6 +46,8 @@ const MUST_PASS: &[&str] = &[
     "test_cq_events_rc",
     "test_qp_ex_rc_rdma_write",
     "test_create_rc_qp_ex_no_attr",
+    // Kernel rxe 6.1 errors here (no ATOMIC WRITE before Linux 6.2).
+    "test_qp_ex_rc_atomic_write",
 ];
 
 #[test]
@@ -102,6 +104,6 @@ fn rdma_core_test_suite_passes_on_rxe0() {
         assert!(passed.contains(t), "{t} did not pass:\n{log}");
     }
     // Kernel rxe (Linux 6.1) passes 86; rxe-emu passes those and more.
-    assert!(passed.len() >= 90, "only {} passed:\n{log}", passed.len());
+    assert!(passed.len() >= 92, "only {} passed:\n{log}", passed.len());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1569,7 +1569,10 @@ fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<Sen
     }
     let mut inline = None;
     if wr.flags.contains(SendFlags::INLINE) && wr.op.carries_payload() {
-        if length > qp.cap.max_inline_data {
+        // The 8 bytes of an ATOMIC WRITE are the operation's operand, which
+        // the rxe provider copies into the WQE whatever max_inline_data is.
+        let operand = matches!(wr.op, SendOp::AtomicWrite { .. });
+        if length > qp.cap.max_inline_data && !operand {
             return Err(Error::Invalid(format!(
                 "inline data of {length} bytes exceeds the QP's max_inline_data {}",
                 qp.cap.max_inline_data
