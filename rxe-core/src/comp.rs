@@ -2,6 +2,7 @@
 //! acknowledgements, completes send WQEs and drives retransmission and RNR
 //! back-off (kernel `rxe_comp.c`).
 
+use crate::counters::count;
 use std::time::Duration;
 
 use wire::aeth::{NakCode, Syndrome};
@@ -25,7 +26,7 @@ pub(crate) fn on_response<M: Memory>(
     pkt: &PacketRepr<'_>,
 ) {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
-        ctx.counters.rcvd_ignored_resp += 1;
+        count!(ctx, qp, rcvd_ignored_resp);
         return;
     }
     process(qp, ctx, now, pkt);
@@ -50,11 +51,11 @@ fn process<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, pkt: &PacketR
         .unwrap_or(OpFlags::empty());
     loop {
         let Some(w) = qp.sq.front() else {
-            ctx.counters.rcvd_ignored_resp += 1;
+            count!(ctx, qp, rcvd_ignored_resp);
             return;
         };
         if !w.started {
-            ctx.counters.rcvd_ignored_resp += 1;
+            count!(ctx, qp, rcvd_ignored_resp);
             return;
         }
         if matches!(w.state, WqeState::Done | WqeState::Error) {
@@ -70,7 +71,7 @@ fn process<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, pkt: &PacketR
         // READ/atomics.
         if psn.is_after(w.last_psn) {
             if w.state != WqeState::Pending {
-                ctx.counters.rcvd_ignored_resp += 1;
+                count!(ctx, qp, rcvd_ignored_resp);
                 return;
             }
             if w.wr.op.is_read_or_atomic() {
@@ -85,7 +86,7 @@ fn process<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, pkt: &PacketR
         if d < 0 || (d > 0 && w.wr.op.is_read_or_atomic()) {
             // Old (a duplicate) or ahead of a missing READ response: ignore;
             // the timer or a NAK recovers.
-            ctx.counters.rcvd_ignored_resp += 1;
+            count!(ctx, qp, rcvd_ignored_resp);
             return;
         }
         check_ack(qp, ctx, now, pkt, flags);
@@ -282,7 +283,7 @@ fn check_ack<M: Memory>(
     }
 
     if op != Opcode::RC_ACKNOWLEDGE {
-        ctx.counters.rcvd_ignored_resp += 1;
+        count!(ctx, qp, rcvd_ignored_resp);
         return;
     }
     match syndrome {
@@ -291,7 +292,7 @@ fn check_ack<M: Memory>(
                 // A plain ACK inside a READ/atomic's PSNs answers nothing.
                 // (One for an ATOMIC WRITE acknowledges it, as in the
                 // kernel's check_ack.)
-                ctx.counters.rcvd_ignored_resp += 1;
+                count!(ctx, qp, rcvd_ignored_resp);
                 return;
             }
             let complete = w.state == WqeState::Pending && psn == w.last_psn;
@@ -303,12 +304,12 @@ fn check_ack<M: Memory>(
             }
         }
         Some(Syndrome::RnrNak { timer }) => {
-            ctx.counters.rcvd_rnr_err += 1;
+            count!(ctx, qp, rcvd_rnr_err);
             if psn.is_after(qp.comp_psn) {
                 qp.comp_psn = psn;
             }
             if qp.rnr_retry == 0 {
-                ctx.counters.retry_rnr_exceeded_err += 1;
+                count!(ctx, qp, retry_rnr_exceeded_err);
                 let why = format!(
                     "the responder answered PSN {psn} with RNR NAK (no receive WQE posted) more times than rnr_retry = {} allows",
                     qp.attr.rnr_retry
@@ -319,15 +320,24 @@ fn check_ack<M: Memory>(
             if qp.rnr_retry != 7 {
                 qp.rnr_retry -= 1;
             }
+            let wait_ns = wire::aeth::rnr_timer_ns(timer);
+            ctx.note(|| {
+                format!(
+                    "QP {:#x}: RNR NAK for psn {psn}: the responder has no receive posted; resending in {:.2} ms (timer code {timer}), {}",
+                    qp.qpn,
+                    wait_ns as f64 / 1e6,
+                    retries_left(qp.rnr_retry, "RNR retries")
+                )
+            });
             // Wait the timer the responder asked for, then go back to PSN
             // (kernel rnr_nak_timer -> req_retry).
-            qp.rnr_deadline = Some(now + Duration::from_nanos(wire::aeth::rnr_timer_ns(timer)));
+            qp.rnr_deadline = Some(now + Duration::from_nanos(wait_ns));
             qp.retrans_deadline = None;
         }
         Some(Syndrome::Nak(code)) => match code {
             NakCode::PsnSequenceError => {
                 if psn.is_after(qp.comp_psn) {
-                    ctx.counters.rcvd_seq_err += 1;
+                    count!(ctx, qp, rcvd_seq_err);
                     qp.comp_psn = psn;
                 }
                 error_retry(qp, ctx, now, false);
@@ -370,7 +380,7 @@ fn error_retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, timeout: 
         return;
     }
     if qp.retry_cnt == 0 {
-        ctx.counters.retry_exceeded_err += 1;
+        count!(ctx, qp, retry_exceeded_err);
         let why = format!(
             "no valid response for PSN {} after {} retransmission(s) (retry_cnt = {}, timeout = {} -> {:.3} ms each)",
             qp.comp_psn,
@@ -386,11 +396,40 @@ fn error_retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, timeout: 
         qp.retry_cnt -= 1;
     }
     if qp.has_outstanding() {
-        ctx.counters.completer_retry_err += 1;
+        ctx.note(|| {
+            let cause = if timeout {
+                format!(
+                    "no ACK for psn {} within {:.3} ms (timeout {})",
+                    qp.comp_psn,
+                    qp.retrans_timeout_ns().unwrap_or(0) as f64 / 1e6,
+                    qp.attr.timeout
+                )
+            } else {
+                format!(
+                    "NAK (PSN sequence error) at psn {}: the responder missed packets",
+                    qp.comp_psn
+                )
+            };
+            format!(
+                "QP {:#x}: {cause}; resending from psn {}, {}",
+                qp.qpn,
+                qp.comp_psn,
+                retries_left(qp.retry_cnt, "retries")
+            )
+        });
+        count!(ctx, qp, completer_retry_err);
         qp.started_retry = true;
         req::rewind(qp);
         qp.retrans_deadline = None;
         req::run(qp, ctx, now);
+    }
+}
+
+/// "3 retries left", or that a count of 7 retries forever (IBTA 9.7.5.2.8).
+fn retries_left(n: u8, what: &str) -> String {
+    match n {
+        7 => format!("{what} without limit (7 = forever)"),
+        n => format!("{n} {what} left"),
     }
 }
 
@@ -406,7 +445,7 @@ pub(crate) fn on_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant)
     if qp.retrans_deadline.is_some_and(|d| d <= now) {
         qp.retrans_deadline = None;
         if matches!(qp.state, QpState::Rts | QpState::Sqd) && qp.has_outstanding() {
-            ctx.counters.retrans_timeouts += 1;
+            count!(ctx, qp, retrans_timeouts);
             error_retry(qp, ctx, now, true);
             if qp.retrans_deadline.is_none()
                 && qp.has_outstanding()

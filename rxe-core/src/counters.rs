@@ -1,7 +1,8 @@
 //! Protocol counters, named as kernel rxe names them (`rxe_hw_counters.c`),
 //! followed by rxe-emu's own counters for drops the kernel does not count.
 
-/// Device-wide counters.
+/// Protocol counters: the device's, or one QP's (each QP keeps the share
+/// of the device's counters that it caused).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Packets sent (requests, responses, ACKs).
@@ -90,3 +91,13 @@ impl Counters {
         .into_iter()
     }
 }
+
+/// Count a protocol event of QP `$qp` on the device and on the QP itself
+/// (`rxe-emu stat` shows both).
+macro_rules! count {
+    ($ctx:expr, $qp:expr, $field:ident) => {{
+        $ctx.counters.$field += 1;
+        $qp.counters.$field += 1;
+    }};
+}
+pub(crate) use count;

@@ -89,6 +89,11 @@ pub struct QpSummary {
     pub recv_wrs: usize,
     /// Why the QP is in ERR, in words.
     pub error: Option<String>,
+    /// The QP's share of the device's counters (packets it sent and
+    /// accepted, and the protocol events it caused). Drops before a packet
+    /// reaches a QP (bad ICRC, malformed, unknown QPN) count only on the
+    /// device.
+    pub counters: Counters,
 }
 
 /// `struct ibv_qp_init_attr` as the engine needs it.
@@ -1119,6 +1124,11 @@ impl<M: Memory> Engine<M> {
             .and_then(|q| q.error_cause.as_ref().map(|c| c.0.as_str()))
     }
 
+    /// QP `qpn`'s share of the device's counters (see [`QpSummary::counters`]).
+    pub fn qp_counters(&self, qpn: u32) -> Option<Counters> {
+        self.qps.get(&qpn).map(|q| q.counters.clone())
+    }
+
     /// A one-line view of every QP, ordered by QPN: for `rxe-emu qp show`
     /// and for people debugging a stuck connection.
     pub fn qp_summaries(&self) -> Vec<QpSummary> {
@@ -1137,6 +1147,7 @@ impl<M: Memory> Engine<M> {
                 send_wrs: q.sq.len(),
                 recv_wrs: q.rq.len(),
                 error: q.error_cause.as_ref().map(|c| c.0.clone()),
+                counters: q.counters.clone(),
             })
             .collect();
         v.sort_by_key(|s| s.qpn);

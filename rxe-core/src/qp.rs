@@ -172,6 +172,8 @@ pub(crate) struct Qp {
     pub comp_opcode: Option<Opcode>,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    /// This QP's share of the device's protocol counters.
+    pub counters: crate::Counters,
     /// A retry is under way; further NAKs do not start another (kernel `started_retry`).
     pub started_retry: bool,
     pub retrans_deadline: Option<Instant>,
@@ -317,6 +319,7 @@ impl Qp {
             comp_opcode: None,
             retry_cnt: 0,
             rnr_retry: 0,
+            counters: crate::Counters::default(),
             started_retry: false,
             retrans_deadline: None,
             rnr_deadline: None,

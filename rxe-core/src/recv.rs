@@ -73,6 +73,7 @@ pub(crate) fn handle<M: Memory>(
             }
         }
     }
+    qp.counters.rcvd_pkts += 1;
     let is_request = bth
         .opcode
         .info()
@@ -86,6 +87,7 @@ pub(crate) fn handle<M: Memory>(
         crate::comp::on_response(qp, ctx, now, &pkt);
     } else {
         ctx.counters.rcvd_bad_qp += 1;
+        qp.counters.rcvd_bad_qp += 1;
     }
     Some(qpn)
 }

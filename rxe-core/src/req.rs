@@ -1,6 +1,7 @@
 //! The requester: turns send WQEs into packets (kernel `rxe_req.c`), plus
 //! the send-queue side of error handling and flushing.
 
+use crate::counters::count;
 use wire::aeth::AethRepr;
 use wire::atomic::AtomicEthRepr;
 use wire::deth::DethRepr;
@@ -354,11 +355,14 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
         }
         None => dma::gather(&ctx.mem, &ctx.keys, pd, sges, u64::from(offset), buf),
     });
+    if res.is_ok() {
+        qp.counters.sent_pkts += 1;
+    }
     if let Err(e) = res {
         let why = match e {
             tx::EmitError::Fill(m) => m,
             tx::EmitError::Build(b) => {
-                ctx.counters.send_err += 1;
+                count!(ctx, qp, send_err);
                 format!("packet could not be built: {b}")
             }
         };

@@ -2,6 +2,7 @@
 //! responses and atomic acknowledgements (kernel `rxe_resp.c`), plus the
 //! receive-queue side of flushing.
 
+use crate::counters::count;
 use std::net::IpAddr;
 
 use wire::aeth::{NakCode, Syndrome, CREDITS_INVALID};
@@ -68,34 +69,40 @@ fn route(qp: &Qp) -> Option<Route> {
 }
 
 /// Send an ACK or NAK with the current MSN.
-fn send_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, syndrome: Syndrome, psn: Psn) {
+fn send_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, syndrome: Syndrome, psn: Psn) {
     let Some(r) = route(qp) else { return };
     let mut h = Headers::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(syndrome, qp.msn));
     if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
-        ctx.counters.send_err += 1;
+        count!(ctx, qp, send_err);
+    } else {
+        qp.counters.sent_pkts += 1;
     }
 }
 
-fn send_atomic_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64) {
+fn send_atomic_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64) {
     let Some(r) = route(qp) else { return };
     let mut h = Headers::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(ACK, qp.msn));
     h.atomic_ack = Some(AtomicAckRepr { orig });
     if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
-        ctx.counters.send_err += 1;
+        count!(ctx, qp, send_err);
+    } else {
+        qp.counters.sent_pkts += 1;
     }
 }
 
 /// Acknowledge an ATOMIC WRITE (kernel `send_read_response_ack`): an
 /// RDMA_READ_RESPONSE_ONLY with an ACK AETH, the current MSN and no
 /// payload, at the request's PSN.
-fn send_read_response_ack<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, psn: Psn) {
+fn send_read_response_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) {
     let Some(r) = route(qp) else { return };
     let mut h = Headers::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(ACK, qp.msn));
     if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
-        ctx.counters.send_err += 1;
+        count!(ctx, qp, send_err);
+    } else {
+        qp.counters.sent_pkts += 1;
     }
 }
 
@@ -163,6 +170,9 @@ pub(crate) fn continue_read<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) -> bool {
             ctx.mem.read(host, buf)
         }
     });
+    if built.is_ok() {
+        qp.counters.sent_pkts += 1;
+    }
     if let Err(e) = built {
         let m = match e {
             tx::EmitError::Fill(f) => f.to_string(),
@@ -189,7 +199,7 @@ pub(crate) fn continue_read<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) -> bool {
 /// Hold a request that arrived while a READ reply is under way.
 pub(crate) fn defer_request<M>(qp: &mut Qp, ctx: &mut Ctx<M>, dg: &RxDatagram<'_>) {
     if qp.deferred.len() >= MAX_DEFERRED {
-        ctx.counters.resp_deferred_drops += 1;
+        count!(ctx, qp, resp_deferred_drops);
         return;
     }
     qp.deferred.push_back(DeferredRequest {
@@ -292,7 +302,7 @@ pub(crate) fn on_request<M: Memory>(
             // Class B: one NAK per gap, then silence until the gap closes.
             if !qp.sent_psn_nak {
                 qp.sent_psn_nak = true;
-                ctx.counters.out_of_seq_request += 1;
+                count!(ctx, qp, out_of_seq_request);
                 send_ack(
                     qp,
                     ctx,
@@ -303,7 +313,7 @@ pub(crate) fn on_request<M: Memory>(
             return;
         }
         if d < 0 {
-            ctx.counters.duplicate_request += 1;
+            count!(ctx, qp, duplicate_request);
             duplicate(qp, ctx, pkt, flags);
             return;
         }
@@ -316,7 +326,7 @@ pub(crate) fn on_request<M: Memory>(
         } else {
             qp.drop_msg = true;
             qp.resp_psn = psn.next();
-            ctx.counters.rcvd_dropped_msgs += 1;
+            count!(ctx, qp, rcvd_dropped_msgs);
             return;
         }
     }
@@ -326,12 +336,12 @@ pub(crate) fn on_request<M: Memory>(
         Err(Fault::Rnr) => {
             // IBTA 9.7.5.2.8: RNR NAK carries the QP's min_rnr_timer; the PSN
             // is not consumed, the requester retries it.
-            ctx.counters.send_rnr_err += 1;
+            count!(ctx, qp, send_rnr_err);
             let t = qp.attr.min_rnr_timer & 0x1f;
             send_ack(qp, ctx, Syndrome::RnrNak { timer: t }, psn);
         }
         Err(Fault::Drop) => {
-            ctx.counters.rcvd_dropped_msgs += 1;
+            count!(ctx, qp, rcvd_dropped_msgs);
             if qp.qp_type == QpType::Uc {
                 abandon_message(qp);
                 qp.drop_msg = !flags.contains(OpFlags::END);
@@ -585,7 +595,7 @@ fn send_data<M: Memory>(
             Fault::Drop
         });
     };
-    ctx.counters.rdma_sends += 1;
+    count!(ctx, qp, rdma_sends);
     match dma::scatter(
         &mut ctx.mem,
         &ctx.keys,
@@ -774,7 +784,7 @@ fn complete_recv<M: Memory>(
         wc.wc_flags |= WcFlags::WITH_INV;
         wc.invalidated_rkey = ieth.rkey;
     }
-    ctx.counters.rdma_recvs += 1;
+    count!(ctx, qp, rdma_recvs);
     ctx.post_cq(qp.recv_cq, wc, pkt.bth.solicited);
     Ok(())
 }
@@ -1070,12 +1080,12 @@ fn network_header(dg: &RxDatagram<'_>) -> [u8; 40] {
 /// UD receive (kernel: check Q_Key, GRH first, then the payload).
 fn ud_receive<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, dg: &RxDatagram<'_>) {
     let Some(deth) = pkt.deth else {
-        ctx.counters.rcvd_malformed += 1;
+        count!(ctx, qp, rcvd_malformed);
         return;
     };
     if deth.qkey != qp.attr.qkey {
         // IBTA 10.2.5: Q_Key violation, silently dropped.
-        ctx.counters.rcvd_qkey_err += 1;
+        count!(ctx, qp, rcvd_qkey_err);
         return;
     }
     let need = 40 + pkt.payload.len() as u64;
@@ -1092,11 +1102,11 @@ fn ud_receive<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, dg
     };
     match fits {
         None => {
-            ctx.counters.rcvd_dropped_msgs += 1;
+            count!(ctx, qp, rcvd_dropped_msgs);
             return;
         }
         Some(false) => {
-            ctx.counters.rcvd_dropped_msgs += 1;
+            count!(ctx, qp, rcvd_dropped_msgs);
             return;
         }
         Some(true) => {}
@@ -1133,7 +1143,7 @@ fn ud_receive<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, dg
         wc.wc_flags |= WcFlags::WITH_IMM;
         wc.imm_data = imm.imm;
     }
-    ctx.counters.rdma_sends += 1;
-    ctx.counters.rdma_recvs += 1;
+    count!(ctx, qp, rdma_sends);
+    count!(ctx, qp, rdma_recvs);
     ctx.post_cq(qp.recv_cq, wc, pkt.bth.solicited);
 }

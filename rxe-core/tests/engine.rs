@@ -1115,3 +1115,147 @@ fn lossy_link_rc_recovers_byte_exact() {
     );
     let _ = Instant::ZERO;
 }
+
+/// What `rxe-emu trace` shows of a requester's recovery: each RNR NAK with
+/// its wait and the RNR retries left, each timeout with the retries left,
+/// and the final move to ERR with its reason.
+#[test]
+fn traced_recovery_says_what_happens_next_and_how_many_retries_are_left() {
+    let mut n = net(10, LinkConfig::perfect());
+    let o = ConnectOpts {
+        rnr_retry: 2,
+        min_rnr_timer: 12,
+        ..ConnectOpts::default()
+    };
+    let (a, _b) = pair(&mut n, QpType::Rc, &o);
+    n.node(0).set_tracing(true);
+    let src = buf(&mut n, 0, a.pd, 10, AccessFlags::empty());
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    settle(&mut n);
+    let notes: Vec<String> = std::iter::from_fn(|| n.node(0).poll_note()).collect();
+    let rnr: Vec<&String> = notes
+        .iter()
+        .filter(|l| l.contains("RNR NAK for psn"))
+        .collect();
+    assert_eq!(rnr.len(), 2, "{notes:#?}");
+    assert!(
+        rnr[0].contains(
+            "no receive posted; resending in 0.64 ms (timer code 12), 1 RNR retries left"
+        ),
+        "{notes:#?}"
+    );
+    assert!(rnr[1].contains("0 RNR retries left"), "{notes:#?}");
+    assert!(
+        notes.iter().any(|l| l
+            .contains("-> ERR: SEND (wr_id 1) completed with IBV_WC_RNR_RETRY_EXC_ERR")
+            && l.contains("more times than rnr_retry = 2 allows")),
+        "{notes:#?}"
+    );
+
+    // A peer that vanished: every timeout says so, then RETRY_EXC_ERR.
+    let mut n = net(
+        11,
+        LinkConfig {
+            loss: 1.0,
+            ..LinkConfig::perfect()
+        },
+    );
+    let o = ConnectOpts {
+        retry_cnt: 2,
+        timeout: 10,
+        ..ConnectOpts::default()
+    };
+    let (a, b) = pair(&mut n, QpType::Rc, &o);
+    let rb = buf(&mut n, 1, b.pd, 10, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 9, &rb);
+    n.node(0).set_tracing(true);
+    let src = buf(&mut n, 0, a.pd, 10, AccessFlags::empty());
+    post(&mut n, &a, SendWr::new(1, SendOp::Send, vec![sge(&src)]));
+    settle(&mut n);
+    let notes: Vec<String> = std::iter::from_fn(|| n.node(0).poll_note()).collect();
+    let timeouts: Vec<&String> = notes
+        .iter()
+        .filter(|l| l.contains("no ACK for psn"))
+        .collect();
+    assert_eq!(timeouts.len(), 2, "{notes:#?}");
+    assert!(
+        timeouts[0].contains("within 4.194 ms (timeout 10); resending from psn")
+            && timeouts[0].ends_with("1 retries left"),
+        "{notes:#?}"
+    );
+    assert!(timeouts[1].ends_with("0 retries left"), "{notes:#?}");
+    assert!(
+        notes.iter().any(|l| l
+            .contains("-> ERR: SEND (wr_id 1) completed with IBV_WC_RETRY_EXC_ERR")
+            && l.contains("no valid response for PSN")),
+        "{notes:#?}"
+    );
+}
+
+/// Each QP keeps its share of the device's counters: over a link that
+/// loses, duplicates and reorders, the QPs' counters add up to the
+/// device's, and each QP's are its own.
+#[test]
+fn per_qp_counters_add_up_to_the_device_counters() {
+    let mut n = net(
+        12,
+        LinkConfig {
+            loss: 0.05,
+            duplicate: 0.05,
+            reorder: 0.05,
+            ..LinkConfig::perfect()
+        },
+    );
+    let o = ConnectOpts {
+        timeout: 10,
+        ..ConnectOpts::default()
+    };
+    let pairs: Vec<(QpEnd, QpEnd)> = (0..3).map(|_| pair(&mut n, QpType::Rc, &o)).collect();
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        let src = buf(&mut n, 0, a.pd, 3000, AccessFlags::empty());
+        fill(&mut n, 0, &src, i as u8);
+        // Pair i sends i + 1 times as many messages as pair 0.
+        for k in 0..20 * (i as u64 + 1) {
+            let rb = buf(&mut n, 1, b.pd, 3000, AccessFlags::LOCAL_WRITE);
+            post_recv(&mut n, b, k, &rb);
+            post(&mut n, a, SendWr::new(k, SendOp::Send, vec![sge(&src)]));
+            settle(&mut n);
+        }
+        assert!(drain(&mut n, a)
+            .iter()
+            .all(|w| w.status == WcStatus::Success));
+    }
+    for node in 0..2 {
+        let dev = n.node(node).counters().clone();
+        let qps = n.node(node).qp_summaries();
+        assert_eq!(qps.len(), 3);
+        let sum =
+            |f: fn(&rxe_core::Counters) -> u64| qps.iter().map(|q| f(&q.counters)).sum::<u64>();
+        assert_eq!(sum(|c| c.sent_pkts), dev.sent_pkts, "node {node}");
+        assert_eq!(
+            sum(|c| c.rcvd_pkts),
+            dev.rcvd_pkts,
+            "node {node}: every parsed packet reached a QP"
+        );
+        assert_eq!(sum(|c| c.duplicate_request), dev.duplicate_request);
+        assert_eq!(sum(|c| c.out_of_seq_request), dev.out_of_seq_request);
+        assert_eq!(sum(|c| c.rcvd_seq_err), dev.rcvd_seq_err);
+        assert_eq!(sum(|c| c.completer_retry_err), dev.completer_retry_err);
+        assert_eq!(sum(|c| c.retrans_timeouts), dev.retrans_timeouts);
+        assert_eq!(sum(|c| c.rdma_recvs), dev.rdma_recvs);
+        assert_eq!(sum(|c| c.rcvd_ignored_resp), dev.rcvd_ignored_resp);
+        // A QP's traffic is its own: more messages, more packets.
+        let sent: Vec<u64> = qps.iter().map(|q| q.counters.sent_pkts).collect();
+        assert!(
+            sent[0] < sent[1] && sent[1] < sent[2],
+            "node {node}: {sent:?}"
+        );
+    }
+    // The faults showed up, so the sums above compared something.
+    let (a, b) = (n.node(0).counters().clone(), n.node(1).counters().clone());
+    assert!(
+        a.completer_retry_err > 0 && b.duplicate_request > 0,
+        "{a:?} {b:?}"
+    );
+    assert_eq!(b.rdma_recvs, 20 + 40 + 60);
+}
