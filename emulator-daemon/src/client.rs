@@ -1,7 +1,7 @@
 //! Talking to `rxe-emud`: open a device (get a slot socket and ranges),
 //! ask for status, ask it to stop.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::UdpSocket;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -33,11 +33,24 @@ fn connect(path: &Path) -> Result<UnixStream, String> {
 
 /// Open device `name` on the daemon listening at `path`.
 pub fn open(path: &Path, name: &str) -> Result<Opened, String> {
-    let mut s = connect(path)?;
-    s.write_all(format!("OPEN {name}\n").as_bytes())
-        .map_err(|e| format!("rxe-emud at {}: {e}", path.display()))?;
-    let (line, mut fds) = fdpass::recv_line_with_fds(&s)
-        .map_err(|e| format!("rxe-emud at {}: {e}", path.display()))?;
+    let s = connect(path)?;
+    // A daemon that refuses us (another user's) says why and hangs up,
+    // perhaps before our request is written: its reason is still there to
+    // read, and is the error to give.
+    let sent = fdpass::send_all_nosignal(&s, format!("OPEN {name}\n").as_bytes());
+    let got = fdpass::recv_line_with_fds(&s);
+    let (line, mut fds) = match (sent, got) {
+        (_, Ok((l, f))) if !l.is_empty() => (l, f),
+        (Err(e), _) | (Ok(()), Err(e)) => {
+            return Err(format!("rxe-emud at {}: {e}", path.display()))
+        }
+        (Ok(()), Ok(_)) => {
+            return Err(format!(
+                "rxe-emud at {} closed the connection without a reply",
+                path.display()
+            ))
+        }
+    };
     if let Some(msg) = line.strip_prefix("ERR ") {
         return Err(format!("rxe-emud: {msg}"));
     }
@@ -62,13 +75,15 @@ pub fn open(path: &Path, name: &str) -> Result<Opened, String> {
 /// Send a one-shot request (`STATUS`, `STOP`) and read the whole reply.
 pub fn request(path: &Path, req: &str) -> Result<String, String> {
     let mut s = connect(path)?;
-    s.write_all(format!("{req}\n").as_bytes())
-        .map_err(|e| format!("rxe-emud: {e}"))?;
+    let sent = fdpass::send_all_nosignal(&s, format!("{req}\n").as_bytes());
     let mut out = String::new();
-    match s.read_to_string(&mut out) {
-        Ok(_) => Ok(out),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(out),
-        Err(e) => Err(format!("rxe-emud: {e}")),
+    match (sent, s.read_to_string(&mut out)) {
+        // A refusal arrives even when our request did not go through.
+        (_, Ok(_)) if !out.is_empty() => Ok(out),
+        (Err(e), _) => Err(format!("rxe-emud: {e}")),
+        (Ok(()), Ok(_)) => Ok(out),
+        (Ok(()), Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => Ok(out),
+        (Ok(()), Err(e)) => Err(format!("rxe-emud: {e}")),
     }
 }
 

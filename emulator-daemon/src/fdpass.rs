@@ -34,6 +34,30 @@ pub(crate) fn send_line_with_fd(stream: &UnixStream, line: &str, fd: RawFd) -> i
     Ok(())
 }
 
+/// Write what the stream takes of `buf` now, without SIGPIPE: the client
+/// side of the control connection runs inside applications (C programs
+/// through the drop-in libibverbs) whose SIGPIPE kills them by default,
+/// and a daemon that went away must give them an error, not a signal.
+pub fn send_nosignal(stream: &UnixStream, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        match nix::sys::socket::send(stream.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => return r.map_err(io::Error::from),
+        }
+    }
+}
+
+/// All of `buf` (blocking as the stream does), without SIGPIPE.
+pub fn send_all_nosignal(stream: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match send_nosignal(stream, buf)? {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n => buf = &buf[n..],
+        }
+    }
+    Ok(())
+}
+
 /// Read one line, and the fds that came with it (at most a few).
 pub(crate) fn recv_line_with_fds(stream: &UnixStream) -> io::Result<(String, Vec<OwnedFd>)> {
     let mut line = Vec::new();

@@ -33,6 +33,7 @@
 pub mod client;
 pub mod explain;
 mod fdpass;
+pub use fdpass::{send_all_nosignal, send_nosignal};
 pub mod pcap_check;
 pub mod proto;
 pub mod server;

@@ -29,13 +29,24 @@ use crate::proto::DeviceInfo;
 /// Slots per device (the first, slot 0, is the daemon's).
 pub const DEFAULT_SLOTS: u32 = 64;
 
+/// What a device is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Binding {
+    /// One address: the device owns UDP 4791 on it.
+    Addr(IpAddr),
+    /// A network interface (`rdma link add rxe0 type rxe netdev eth0`):
+    /// the device takes its first IPv4 address (else its first global
+    /// IPv6 address) and its MTU when it is added.
+    Netdev(String),
+}
+
 /// A device to host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {
     /// Name clients open it by (`rxe0`).
     pub name: String,
-    /// Address whose UDP port 4791 the device owns.
-    pub addr: IpAddr,
+    /// The address or netdev it is bound to.
+    pub binding: Binding,
     /// MTU of its netdev; `None` looks it up (the interface that has the
     /// address), 65536 for loopback and 1500 if not found.
     pub netdev_mtu: Option<u32>,
@@ -43,31 +54,55 @@ pub struct DeviceSpec {
 
 impl std::str::FromStr for DeviceSpec {
     type Err = String;
-    /// `NAME=ADDR` or `NAME=ADDR/MTU`.
+    /// `NAME=ADDR`, `NAME=ADDR/MTU` or `NAME=netdev:IFNAME`.
     fn from_str(s: &str) -> Result<Self, String> {
-        let (name, rest) = s
-            .split_once('=')
-            .ok_or_else(|| format!("device {s:?}: expected NAME=ADDR or NAME=ADDR/MTU"))?;
+        let (name, rest) = s.split_once('=').ok_or_else(|| {
+            format!("device {s:?}: expected NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IFNAME")
+        })?;
+        if name.is_empty() || name.len() > 63 || !name.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(format!("device {s:?}: bad name"));
+        }
+        if let Some(ifname) = rest.strip_prefix("netdev:") {
+            if ifname.is_empty() || ifname.len() > 15 || ifname.contains(['/', ' ']) {
+                return Err(format!("device {s:?}: bad netdev name {ifname:?}"));
+            }
+            return Ok(DeviceSpec {
+                name: name.to_string(),
+                binding: Binding::Netdev(ifname.to_string()),
+                netdev_mtu: None,
+            });
+        }
         let (addr, mtu) = match rest.split_once('/') {
             Some((a, m)) => (
                 a,
                 Some(
                     m.parse()
-                        .map_err(|_| format!("device {s:?}: bad MTU {m:?}"))?,
+                        .ok()
+                        .filter(|m| (256..=65536).contains(m))
+                        .ok_or_else(|| format!("device {s:?}: bad MTU {m:?} (256..=65536)"))?,
                 ),
             ),
             None => (rest, None),
         };
-        if name.is_empty() || name.len() > 63 || name.contains(char::is_whitespace) {
-            return Err(format!("device {s:?}: bad name"));
-        }
         Ok(DeviceSpec {
             name: name.to_string(),
-            addr: addr
-                .parse()
-                .map_err(|_| format!("device {s:?}: bad address {addr:?}"))?,
+            binding: Binding::Addr(
+                addr.parse()
+                    .map_err(|_| format!("device {s:?}: bad address {addr:?}"))?,
+            ),
             netdev_mtu: mtu,
         })
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    /// The form [`DeviceSpec::from_str`] reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.binding, self.netdev_mtu) {
+            (Binding::Netdev(n), _) => write!(f, "{}=netdev:{n}", self.name),
+            (Binding::Addr(a), Some(m)) => write!(f, "{}={a}/{m}", self.name),
+            (Binding::Addr(a), None) => write!(f, "{}={a}", self.name),
+        }
     }
 }
 
@@ -98,6 +133,10 @@ pub struct DeviceStats {
 
 struct Device {
     spec: DeviceSpec,
+    /// The address it owns (the spec's, or its netdev's).
+    addr: IpAddr,
+    /// The interface that has the address, if any (`lo` for loopback).
+    netdev: Option<String>,
     netdev_mtu: u32,
     socks: Vec<UdpSocket>,
     /// Client id owning each slot.
@@ -182,35 +221,71 @@ fn write_out(c: &mut Client) {
     }
 }
 
-/// The MTU of the netdev that has `addr`.
-fn lookup_netdev_mtu(addr: IpAddr) -> u32 {
-    if addr.is_loopback() {
-        return 65536;
-    }
-    let Ok(ifs) = nix::ifaddrs::getifaddrs() else {
-        return 1500;
-    };
-    for i in ifs {
-        let Some(a) = i.address else { continue };
-        let ip: Option<IpAddr> = a
-            .as_sockaddr_in()
-            .map(|s| IpAddr::V4(s.ip()))
-            .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())));
-        if ip == Some(addr) {
-            let p = format!("/sys/class/net/{}/mtu", i.interface_name);
-            if let Some(m) = std::fs::read_to_string(p)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-            {
-                return m;
-            }
-        }
-    }
-    1500
+/// The MTU of interface `ifname`, from sysfs.
+fn netdev_mtu_of(ifname: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
 }
 
-fn bind_group(spec: &DeviceSpec, slots: u32) -> Result<Vec<UdpSocket>, String> {
-    let addr = SocketAddr::new(spec.addr, 4791);
+/// Where a spec puts the device: its address, the interface that has it,
+/// and that interface's MTU (the spec's MTU wins; loopback addresses are
+/// on `lo` with 65536, an address on no interface gets 1500).
+fn resolve(spec: &DeviceSpec) -> Result<(IpAddr, Option<String>, u32), String> {
+    let ifs: Vec<(String, IpAddr)> = nix::ifaddrs::getifaddrs()
+        .map(|it| {
+            it.filter_map(|i| {
+                let a = i.address?;
+                let ip = a
+                    .as_sockaddr_in()
+                    .map(|s| IpAddr::V4(s.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))?;
+                Some((i.interface_name, ip))
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    let (addr, netdev) = match &spec.binding {
+        Binding::Addr(a) => {
+            let on = ifs.iter().find(|(_, ip)| ip == a).map(|(n, _)| n.clone());
+            (*a, on.or_else(|| a.is_loopback().then(|| "lo".to_string())))
+        }
+        Binding::Netdev(n) => {
+            let mine: Vec<IpAddr> = ifs
+                .iter()
+                .filter(|(i, _)| i == n)
+                .map(|(_, ip)| *ip)
+                .collect();
+            if mine.is_empty() && !std::path::Path::new("/sys/class/net").join(n).exists() {
+                return Err(format!("device {}: no netdev {n:?}", spec.name));
+            }
+            // A link-local IPv6 address needs a scope to bind: skip it.
+            let global6 = |ip: &IpAddr| match ip {
+                IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
+                IpAddr::V4(_) => false,
+            };
+            let a = mine
+                .iter()
+                .find(|ip| ip.is_ipv4())
+                .or_else(|| mine.iter().find(|ip| global6(ip)))
+                .ok_or_else(|| {
+                    format!(
+                        "device {}: netdev {n} has no IPv4 or global IPv6 address to bind",
+                        spec.name
+                    )
+                })?;
+            (*a, Some(n.clone()))
+        }
+    };
+    let mtu = spec
+        .netdev_mtu
+        .or_else(|| netdev.as_deref().and_then(netdev_mtu_of))
+        .unwrap_or(if addr.is_loopback() { 65536 } else { 1500 });
+    Ok((addr, netdev, mtu))
+}
+
+fn bind_group(spec: &DeviceSpec, ip: IpAddr, slots: u32) -> Result<Vec<UdpSocket>, String> {
+    let addr = SocketAddr::new(ip, 4791);
     // Probe without SO_REUSEPORT first: joining a group someone else made
     // (another daemon of this user) would succeed silently and steer
     // nothing to us; a plain bind fails if anything owns the port.
@@ -221,7 +296,7 @@ fn bind_group(spec: &DeviceSpec, slots: u32) -> Result<Vec<UdpSocket>, String> {
     }
     probe.bind(&addr.into()).map_err(|e| {
         format!(
-            "device {}: cannot bind UDP {addr}: {e} (another rxe-emud, an in-process rxe-emu device or kernel rdma_rxe owns it)",
+            "device {}: cannot bind UDP {addr}: {e} (another rxe-emud, an in-process rxe-emu device, kernel rdma_rxe, or a process still holding a deleted device of this address owns it)",
             spec.name
         )
     })?;
@@ -251,14 +326,47 @@ fn bind_group(spec: &DeviceSpec, slots: u32) -> Result<Vec<UdpSocket>, String> {
     Ok(socks)
 }
 
-fn prepare_dir(path: &Path) -> Result<(), String> {
+/// Create the socket's directory if needed: private to the user (0700),
+/// or, for a daemon serving every user, open to all (0755). An existing
+/// directory is left as it is.
+fn prepare_dir(path: &Path, any_user: bool) -> Result<(), String> {
     if let Some(dir) = path.parent() {
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(|e| io_err(&dir.display().to_string(), e))?;
-            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+            let mode = if any_user { 0o755 } else { 0o700 };
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode));
         }
     }
     Ok(())
+}
+
+/// Bind a device for `spec`, unless its name or address is taken.
+fn new_device(existing: &[Device], spec: &DeviceSpec, slots: u32) -> Result<Device, String> {
+    if existing.iter().any(|d| d.spec.name == spec.name) {
+        return Err(format!("device {} exists already", spec.name));
+    }
+    let (addr, netdev, netdev_mtu) = resolve(spec)?;
+    if let Some(d) = existing.iter().find(|d| d.addr == addr) {
+        return Err(format!(
+            "device {}: address {addr} is device {}'s already",
+            spec.name, d.spec.name
+        ));
+    }
+    let socks = bind_group(spec, addr, slots)?;
+    let n = socks.len();
+    Ok(Device {
+        spec: spec.clone(),
+        addr,
+        netdev,
+        netdev_mtu,
+        socks,
+        owner: vec![None; n],
+        generation: vec![0; n],
+        released: vec![0; n],
+        stats: DeviceStats::default(),
+        fault: None,
+        tracer: None,
+    })
 }
 
 impl Server {
@@ -272,7 +380,7 @@ impl Server {
         if cfg.devices.is_empty() {
             return Err("no device to host".into());
         }
-        prepare_dir(&cfg.socket_path)?;
+        prepare_dir(&cfg.socket_path, cfg.any_user)?;
         let lock_path = cfg.socket_path.with_extension("lock");
         let lock_file = OpenOptions::new()
             .create(true)
@@ -296,30 +404,17 @@ impl Server {
         let _ = write!(lock, "{}", std::process::id());
         let mut devices = Vec::new();
         for spec in &cfg.devices {
-            if devices.iter().any(|d: &Device| d.spec.name == spec.name) {
-                return Err(format!("device {} given twice", spec.name));
-            }
-            let socks = bind_group(spec, cfg.slots)?;
-            let n = socks.len();
-            devices.push(Device {
-                netdev_mtu: spec
-                    .netdev_mtu
-                    .unwrap_or_else(|| lookup_netdev_mtu(spec.addr)),
-                spec: spec.clone(),
-                socks,
-                owner: vec![None; n],
-                generation: vec![0; n],
-                released: vec![0; n],
-                stats: DeviceStats::default(),
-                fault: None,
-                tracer: None,
-            });
+            devices.push(new_device(&devices, spec, cfg.slots)?);
         }
         // We hold the lock: a socket file left there is stale.
         let _ = std::fs::remove_file(&cfg.socket_path);
         let listener = UnixListener::bind(&cfg.socket_path)
             .map_err(|e| io_err(&cfg.socket_path.display().to_string(), e))?;
-        let _ = std::fs::set_permissions(&cfg.socket_path, std::fs::Permissions::from_mode(0o600));
+        // Connecting needs write permission on the socket: the user only,
+        // or everyone for a system-wide daemon (which still checks each
+        // peer's credentials and gives each process its own slot and keys).
+        let mode = if cfg.any_user { 0o666 } else { 0o600 };
+        let _ = std::fs::set_permissions(&cfg.socket_path, std::fs::Permissions::from_mode(mode));
         listener
             .set_nonblocking(true)
             .map_err(|e| io_err("O_NONBLOCK", e))?;
@@ -612,6 +707,20 @@ impl Server {
                         let _ = c.stream.write_all(format!("ERR {e}\n").as_bytes());
                     }
                 }
+                (Some("LINK"), Some(op @ ("ADD" | "DEL" | "SHOW")), arg) => {
+                    let reply = match (op, arg) {
+                        ("ADD", Some(spec)) => self.link_add(spec),
+                        ("DEL", Some(name)) => self.link_delete(name),
+                        ("SHOW", name) => self.link_show(name),
+                        _ => Err(format!("LINK {op} needs an argument")),
+                    };
+                    let text = reply.unwrap_or_else(|e| format!("ERR {e}\n"));
+                    if let Some(c) = self.clients.get_mut(&id) {
+                        let _ = c.stream.set_nonblocking(false);
+                        let _ = c.stream.write_all(text.as_bytes());
+                    }
+                    done = true;
+                }
                 (Some("STATUS"), None, None) => {
                     let text = self.status();
                     let c = self.clients.get_mut(&id).expect("client exists");
@@ -629,7 +738,7 @@ impl Server {
                     let c = self.clients.get_mut(&id).expect("client exists");
                     let shown: String = line.chars().take(60).collect();
                     let _ = c.stream.write_all(
-                        format!("ERR unknown request {shown:?}: expected OPEN <device>, STATUS or STOP\n")
+                        format!("ERR unknown request {shown:?}: expected OPEN <device>, LINK ADD|DEL|SHOW, STATUS or STOP\n")
                             .as_bytes(),
                     );
                     done = true;
@@ -714,10 +823,7 @@ impl Server {
         let tag = self.next_tag;
         self.next_tag += 1;
         self.devices[d].tracer = Some((cli, tag));
-        let header = format!(
-            "T {} {}\n",
-            self.devices[d].spec.name, self.devices[d].spec.addr
-        );
+        let header = format!("T {} {}\n", self.devices[d].spec.name, self.devices[d].addr);
         if let Some(c) = self.clients.get_mut(&cli) {
             c.out.extend_from_slice(header.as_bytes());
             write_out(c);
@@ -787,7 +893,10 @@ impl Server {
                 let mut names: Vec<String> = Vec::new();
                 let mut sums: HashMap<String, u64> = HashMap::new();
                 for (_, lines) in &p.replies {
-                    for kv in lines.iter().flat_map(|l| l.split_whitespace()) {
+                    // A process's device line (pid=...) counts; its QP
+                    // lines (qp=...) are shares of it.
+                    let device_lines = lines.iter().filter(|l| l.starts_with("pid="));
+                    for kv in device_lines.flat_map(|l| l.split_whitespace()) {
                         if let Some((k, v)) = kv.split_once('=') {
                             if k == "pid" {
                                 continue;
@@ -810,8 +919,12 @@ impl Server {
                 );
                 for (c, lines) in &p.replies {
                     for l in lines {
-                        let slot = slot_of(*c).map_or("-".into(), |s| s.to_string());
-                        out += &format!("  slot {slot} {}\n", l.replace('=', " "));
+                        if l.starts_with("qp=") {
+                            out += &format!("    {}\n", l.replace('=', " "));
+                        } else {
+                            let slot = slot_of(*c).map_or("-".into(), |s| s.to_string());
+                            out += &format!("  slot {slot} {}\n", l.replace('=', " "));
+                        }
                     }
                 }
             }
@@ -904,7 +1017,7 @@ impl Server {
                 .map_or(0, |t| t.as_nanos() as u64);
         let info = DeviceInfo {
             name: dev.spec.name.clone(),
-            addr: dev.spec.addr,
+            addr: dev.addr,
             netdev_mtu: dev.netdev_mtu,
             slot: slot as u32,
             qpn_lo: lo,
@@ -971,6 +1084,102 @@ impl Server {
         }
     }
 
+    /// `LINK ADD NAME=ADDR[/MTU]` or `NAME=netdev:IF`: host one more device.
+    fn link_add(&mut self, spec: &str) -> Result<String, String> {
+        let spec: DeviceSpec = spec.parse()?;
+        let dev = new_device(&self.devices, &spec, self.cfg.slots)?;
+        self.devices.push(dev);
+        let line = self.link_line(self.devices.len() - 1);
+        eprintln!("rxe-emud: added {line}");
+        Ok(format!("OK {line}\n"))
+    }
+
+    /// `LINK DEL NAME`: remove a device. As when kernel rxe's link is
+    /// deleted under its users, every process that has it open gets
+    /// DEVICE_FATAL (a `GONE` line, then the end of its connection) and
+    /// its QPs go to ERR; a trace of it ends.
+    fn link_delete(&mut self, name: &str) -> Result<String, String> {
+        let d = self
+            .devices
+            .iter()
+            .position(|d| d.spec.name == name)
+            .ok_or_else(|| format!("no device {name:?}"))?;
+        // Questions about it are answered with what came in so far.
+        let tags: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.dev == d)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in tags {
+            self.finish(t);
+        }
+        let mut users: Vec<u64> = self.devices[d].owner.iter().flatten().copied().collect();
+        users.extend(self.devices[d].tracer.map(|(c, _)| c));
+        users.sort_unstable();
+        users.dedup();
+        let why = format!("device {name} was deleted (rxe-emu link delete)");
+        for u in &users {
+            if let Some(c) = self.clients.get_mut(u) {
+                let _ = c.stream.write_all(format!("GONE {why}\n").as_bytes());
+            }
+            self.release(*u);
+        }
+        self.devices.remove(d);
+        for c in self.clients.values_mut() {
+            for (dd, _) in c.slots.iter_mut() {
+                if *dd > d {
+                    *dd -= 1;
+                }
+            }
+        }
+        for p in self.pending.values_mut() {
+            if p.dev > d {
+                p.dev -= 1;
+            }
+        }
+        eprintln!("rxe-emud: {why}; {} processes had it open", users.len());
+        Ok(format!(
+            "OK link {name} deleted ({} processes had it open)\n",
+            users.len()
+        ))
+    }
+
+    /// `LINK SHOW [NAME]`: one line per device, in the `rdma link` style.
+    fn link_show(&self, name: Option<&str>) -> Result<String, String> {
+        let mut out = String::new();
+        for (i, d) in self.devices.iter().enumerate() {
+            if name.is_none_or(|n| n == d.spec.name) {
+                out += &self.link_line(i);
+                out.push('\n');
+            }
+        }
+        match name {
+            Some(n) if out.is_empty() => Err(format!("no device {n:?}")),
+            _ => Ok(out),
+        }
+    }
+
+    fn link_line(&self, d: usize) -> String {
+        let dev = &self.devices[d];
+        format!(
+            "link {}/1 state ACTIVE physical_state LINK_UP netdev {} addr {} netdev_mtu {} processes {}",
+            dev.spec.name,
+            dev.netdev.as_deref().unwrap_or("-"),
+            dev.addr,
+            dev.netdev_mtu,
+            dev.owner.iter().filter(|o| o.is_some()).count()
+        )
+    }
+
+    /// The devices hosted now: name and address.
+    pub fn devices(&self) -> Vec<(String, IpAddr)> {
+        self.devices
+            .iter()
+            .map(|d| (d.spec.name.clone(), d.addr))
+            .collect()
+    }
+
     fn status(&self) -> String {
         let mut out = format!(
             "rxe-emud pid {} socket {}\n",
@@ -980,14 +1189,15 @@ impl Server {
         for dev in &self.devices {
             let used = dev.owner.iter().filter(|o| o.is_some()).count();
             out += &format!(
-                "device {} addr {} netdev_mtu {} slots {}/{} dropped_no_owner {} dropped_daemon_slot {}\n",
+                "device {} addr {} netdev_mtu {} slots {}/{} dropped_no_owner {} dropped_daemon_slot {} netdev {}\n",
                 dev.spec.name,
-                dev.spec.addr,
+                dev.addr,
                 dev.netdev_mtu,
                 used,
                 dev.socks.len() - 1,
                 dev.stats.no_owner,
-                dev.stats.daemon_slot
+                dev.stats.daemon_slot,
+                dev.netdev.as_deref().unwrap_or("-")
             );
             for (s, o) in dev.owner.iter().enumerate() {
                 if let Some(c) = o.and_then(|id| self.clients.get(&id)) {
@@ -1002,5 +1212,49 @@ impl Server {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs_parse_print_and_refuse_nonsense() {
+        for text in ["rxe0=10.0.0.1", "rxe1=::1/9000", "rxe2=netdev:eth0"] {
+            let s: DeviceSpec = text.parse().unwrap();
+            assert_eq!(s.to_string(), text);
+        }
+        let s: DeviceSpec = "rxe2=netdev:veth-a".parse().unwrap();
+        assert_eq!(s.binding, Binding::Netdev("veth-a".into()));
+        for bad in [
+            "rxe0",
+            "=10.0.0.1",
+            "rxe0=10.0.0.300",
+            "rxe0=10.0.0.1/7",
+            "rxe0=10.0.0.1/x",
+            "rxe0=netdev:",
+            "rxe0=netdev:a-name-too-long-for-linux",
+            "my dev=10.0.0.1",
+        ] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_netdev_gives_its_address_and_mtu_and_a_missing_one_is_an_error() {
+        let lo: DeviceSpec = "d=netdev:lo".parse().unwrap();
+        let (addr, netdev, mtu) = resolve(&lo).unwrap();
+        assert!(addr.is_loopback(), "{addr}");
+        assert_eq!(netdev.as_deref(), Some("lo"));
+        assert_eq!(Some(mtu), netdev_mtu_of("lo"));
+        let none: DeviceSpec = "d=netdev:nosuchif9".parse().unwrap();
+        assert!(resolve(&none).unwrap_err().contains("no netdev"));
+        let a: DeviceSpec = "d=127.0.77.1/1500".parse().unwrap();
+        let (addr, netdev, mtu) = resolve(&a).unwrap();
+        assert_eq!(
+            (addr.to_string(), netdev.as_deref(), mtu),
+            ("127.0.77.1".into(), Some("lo"), 1500)
+        );
     }
 }

@@ -99,6 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             duplicate: 0.0,
             reorder: 0.0,
             corrupt: 0.0,
+            ..Default::default()
         });
     }
     let tx = Device::open(cfg)?;

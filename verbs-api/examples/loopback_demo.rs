@@ -34,6 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         duplicate: loss / 2.0,
         reorder: loss,
         corrupt: 0.0,
+        ..Default::default()
     });
     let a = Device::open(cfg_a)?;
     let b = Device::open(DeviceConfig::new("127.0.0.2".parse()?))?;

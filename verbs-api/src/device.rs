@@ -19,8 +19,8 @@ use crate::hostmem::HostMemory;
 use crate::{Error, Result};
 
 /// Seeded fault injection on the device's transmit path, for tests that
-/// must survive a bad network.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// must survive a bad network. `Default` injects nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct FaultConfig {
     /// Seed of the fault generator: the same seed gives the same faults
     /// for the same sequence of datagrams.
@@ -34,25 +34,38 @@ pub struct FaultConfig {
     /// Probability one random bit of a datagram is flipped after its ICRC
     /// was computed (the receiver counts an ICRC error and drops it).
     pub corrupt: f64,
+    /// Every datagram that survives the faults above leaves this much
+    /// later than the engine produced it, in order (a longer link). A delay
+    /// longer than the QP's ACK timeout makes the requester retransmit.
+    pub delay: Duration,
 }
 
+/// The longest delay `FaultConfig::delay` accepts: far beyond any RoCE
+/// path, short enough that queued datagrams cannot pile up for minutes.
+pub const MAX_FAULT_DELAY: Duration = Duration::from_secs(10);
+
 impl FaultConfig {
-    /// `drop=P dup=P reorder=P corrupt=P seed=N` (probabilities 0..=1; any
-    /// subset): the form `rxe-emu fault` sends to each process.
+    /// `drop=P dup=P reorder=P corrupt=P delay_ns=N seed=N` (probabilities
+    /// 0..=1; any subset): the form `rxe-emu fault` sends to each process.
     pub fn parse(spec: &str) -> std::result::Result<FaultConfig, String> {
-        let mut f = FaultConfig {
-            seed: 0,
-            loss: 0.0,
-            duplicate: 0.0,
-            reorder: 0.0,
-            corrupt: 0.0,
-        };
+        let mut f = FaultConfig::default();
         for kv in spec.split_whitespace() {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| format!("fault: {kv:?} is not key=value"))?;
             if k == "seed" {
                 f.seed = v.parse().map_err(|_| format!("fault: bad seed {v:?}"))?;
+                continue;
+            }
+            if k == "delay_ns" {
+                f.delay = v
+                    .parse()
+                    .ok()
+                    .map(Duration::from_nanos)
+                    .filter(|d| *d <= MAX_FAULT_DELAY)
+                    .ok_or_else(|| {
+                        format!("fault: delay_ns={v} is not a number of nanoseconds up to 10 s")
+                    })?;
                 continue;
             }
             let p: f64 = v
@@ -67,7 +80,7 @@ impl FaultConfig {
                 "corrupt" => f.corrupt = p,
                 _ => {
                     return Err(format!(
-                        "fault: unknown key {k:?} (drop, dup, reorder, corrupt, seed)"
+                        "fault: unknown key {k:?} (drop, dup, reorder, corrupt, delay_ns, seed)"
                     ))
                 }
             }
@@ -77,7 +90,11 @@ impl FaultConfig {
 
     /// Whether it injects nothing.
     pub fn is_off(&self) -> bool {
-        self.loss == 0.0 && self.duplicate == 0.0 && self.reorder == 0.0 && self.corrupt == 0.0
+        self.loss == 0.0
+            && self.duplicate == 0.0
+            && self.reorder == 0.0
+            && self.corrupt == 0.0
+            && self.delay.is_zero()
     }
 }
 
@@ -121,6 +138,20 @@ struct Faults {
     cfg: FaultConfig,
     rng: Rng,
     held: Option<Transmit>,
+    /// Datagrams waiting out `cfg.delay`, with the time each is due (in
+    /// order: the delay is the same for all).
+    delayed: std::collections::VecDeque<(Instant, Transmit)>,
+}
+
+impl Faults {
+    fn new(cfg: FaultConfig) -> Faults {
+        Faults {
+            cfg,
+            rng: Rng::new(cfg.seed),
+            held: None,
+            delayed: std::collections::VecDeque::new(),
+        }
+    }
 }
 
 /// Where a CQ's notifications go (its completion channel).
@@ -338,6 +369,7 @@ impl Inner {
     /// reply, a burst of ACKs) responses stream out as the engine builds
     /// them, so a long READ reply starts leaving at once.
     pub(crate) fn flush_with(&self, eng: &mut Engine<HostMemory>, hold: bool) {
+        self.send_due(eng);
         let mut any = false;
         let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
         let had_deferred = !deferred.is_empty();
@@ -385,7 +417,8 @@ impl Inner {
             .is_empty()
     }
 
-    /// One datagram through fault injection (if configured) to the wire.
+    /// One datagram through fault injection (if configured) to the wire,
+    /// or to the delay queue.
     fn transmit(&self, eng: &mut Engine<HostMemory>, t: Transmit) {
         let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         let Some(f) = faults.as_mut() else {
@@ -405,15 +438,45 @@ impl Inner {
             f.held = Some(t);
             return;
         }
-        let held = f.held.take();
-        drop(faults);
+        let mut out = Vec::with_capacity(3);
         if dup {
-            self.send(eng, t.clone());
+            out.push(t.clone());
         }
-        self.send(eng, t);
-        if let Some(h) = held {
-            self.send(eng, h);
+        out.push(t);
+        out.extend(f.held.take());
+        if !f.cfg.delay.is_zero() {
+            let due = self.now() + f.cfg.delay;
+            f.delayed.extend(out.into_iter().map(|t| (due, t)));
+            return;
         }
+        drop(faults);
+        for t in out {
+            self.send(eng, t);
+        }
+    }
+
+    /// Send the delayed datagrams whose time has come.
+    fn send_due(&self, eng: &mut Engine<HostMemory>) {
+        loop {
+            let now = self.now();
+            let t = {
+                let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(f) = faults.as_mut() else { return };
+                match f.delayed.front() {
+                    Some((due, _)) if *due <= now => f.delayed.pop_front().map(|(_, t)| t),
+                    _ => return,
+                }
+            };
+            if let Some(t) = t {
+                self.send(eng, t);
+            }
+        }
+    }
+
+    /// When the oldest delayed datagram is due.
+    fn next_due(&self) -> Option<Instant> {
+        let faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        faults.as_ref()?.delayed.front().map(|(due, _)| *due)
     }
 
     /// Wake the progress thread only if the engine now has a deadline
@@ -421,7 +484,11 @@ impl Inner {
     /// small machine, a context switch).
     fn after_transmit(&self, eng: &mut Engine<HostMemory>) {
         let until = self.sleeping_until.load(Ordering::Acquire);
-        if until != 0 && eng.poll_timeout().is_some_and(|d| d.as_nanos() < until) {
+        let next = match (eng.poll_timeout(), self.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if until != 0 && next.is_some_and(|d| d.as_nanos() < until) {
             self.wake();
         }
     }
@@ -502,15 +569,15 @@ impl Inner {
     }
 
     fn write_out(c: &std::os::unix::net::UnixStream, out: &mut Vec<u8>) {
-        use std::io::Write;
         while !out.is_empty() {
-            match (&*c).write(out) {
-                Ok(0) => break,
+            // Never SIGPIPE: a daemon that went away is seen as the end of
+            // the connection (DEVICE_FATAL), not a signal that kills the
+            // application.
+            match emulator_daemon::send_nosignal(c, out) {
+                Ok(0) | Err(_) => break,
                 Ok(n) => {
                     out.drain(..n);
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
             }
         }
     }
@@ -668,12 +735,19 @@ impl Inner {
                 gone = true; // not the daemon we know
             }
         }
+        let mut why =
+            "rxe-emud, which hosts this device, stopped or closed the connection".to_string();
         for l in lines {
+            // The daemon says why before it ends the connection (the
+            // device was deleted).
+            if let Some(reason) = l.strip_prefix("GONE ") {
+                why = format!("rxe-emud: {reason}");
+                gone = true;
+                continue;
+            }
             self.daemon_request(&l);
         }
         if gone {
-            let why =
-                "rxe-emud, which hosts this device, stopped or closed the connection".to_string();
             *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
             let mut e = self.lock();
             e.fail_device(&why);
@@ -690,12 +764,20 @@ impl Inner {
         let mut out = Vec::new();
         match kind {
             "STAT" => {
-                let c = self.lock().counters().clone();
+                // The device's counters, then each QP's share of them.
+                let e = self.lock();
                 let mut l = format!("pid={}", std::process::id());
-                for (k, v) in c.iter() {
+                for (k, v) in e.counters().iter() {
                     l += &format!(" {k}={v}");
                 }
                 out.push(l);
+                for q in e.qp_summaries() {
+                    let mut l = format!("qp={:#x} type={:?}", q.qpn, q.qp_type);
+                    for (k, v) in q.counters.iter() {
+                        l += &format!(" {k}={v}");
+                    }
+                    out.push(l);
+                }
             }
             "QPS" => {
                 for q in self.lock().qp_summaries() {
@@ -725,12 +807,28 @@ impl Inner {
             }
             "FAULT" => match FaultConfig::parse(rest.unwrap_or("")) {
                 Ok(f) => {
-                    *self.faults.lock().unwrap_or_else(|p| p.into_inner()) =
-                        (!f.is_off()).then(|| Faults {
-                            cfg: f,
-                            rng: Rng::new(f.seed),
-                            held: None,
-                        });
+                    let mut eng = self.lock();
+                    let old = {
+                        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut new = (!f.is_off()).then(|| Faults::new(f));
+                        let mut old = faults.take();
+                        // Datagrams already delayed keep their due time
+                        // under a new delay, and leave now without one: a
+                        // change of faults loses nothing by itself.
+                        if let (Some(n), Some(o)) = (new.as_mut(), old.as_mut()) {
+                            if !n.cfg.delay.is_zero() {
+                                n.delayed = std::mem::take(&mut o.delayed);
+                            }
+                        }
+                        *faults = new;
+                        old
+                    };
+                    if let Some(o) = old {
+                        for t in o.delayed.into_iter().map(|(_, t)| t).chain(o.held) {
+                            self.send(&mut eng, t);
+                        }
+                    }
+                    drop(eng);
                     out.push("OK".into());
                 }
                 Err(e) => out.push(format!("ERR {e}")),
@@ -797,7 +895,10 @@ impl Inner {
                 continue;
             }
             self.progress(&mut buf, false);
-            let deadline = self.lock().poll_timeout();
+            let deadline = match (self.lock().poll_timeout(), self.next_due()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             // Check `stop` only after draining the wake pipe: a wake sent
             // after this check stays in the pipe and ends the wait below.
             if self.stop.load(Ordering::SeqCst) {
@@ -937,11 +1038,7 @@ impl Device {
             .map_err(|e| Error::Io(e.to_string()))?;
         ecfg.gids = gid_table(cfg.addr);
         ecfg.port_mtu = mtu;
-        let faults = cfg.fault.map(|f| Faults {
-            cfg: f,
-            rng: Rng::new(f.seed),
-            held: None,
-        });
+        let faults = cfg.fault.map(Faults::new);
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg, HostMemory)),
             channels: Mutex::new(HashMap::new()),

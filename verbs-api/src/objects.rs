@@ -685,6 +685,16 @@ impl QueuePair {
             .unwrap_or(QpState::Err)
     }
 
+    /// This QP's share of the device's protocol counters (kernel rxe's
+    /// names): the packets it sent and accepted and the events it caused.
+    pub fn counters(&self) -> rxe_core::Counters {
+        self.dev
+            .inner
+            .lock()
+            .qp_counters(self.qpn)
+            .unwrap_or_default()
+    }
+
     /// Why the QP is in the error state, in words.
     pub fn error_reason(&self) -> Option<String> {
         self.dev

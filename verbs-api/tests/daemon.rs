@@ -33,6 +33,10 @@ struct Daemon {
 
 impl Daemon {
     fn start(tag: &str, device: &str, slots: u32) -> Daemon {
+        Daemon::start_for(tag, device, slots, false)
+    }
+
+    fn start_for(tag: &str, device: &str, slots: u32, any_user: bool) -> Daemon {
         let dir = std::env::temp_dir().join(format!("rxe-emu-test-{}-{tag}", std::process::id()));
         let path = dir.join("rxe-emud.sock");
         let server = Server::bind(
@@ -40,7 +44,7 @@ impl Daemon {
                 socket_path: path.clone(),
                 devices: vec![device.parse().unwrap()],
                 slots,
-                any_user: false,
+                any_user,
             },
             false,
         )
@@ -338,6 +342,212 @@ fn stopping_the_daemon_fails_the_device_with_device_fatal() {
     assert!(e.contains("rxe-emud"), "{e}");
 }
 
+#[test]
+fn link_add_serves_a_new_device_and_link_delete_fails_its_users_with_device_fatal() {
+    let d = Daemon::start("link", "rxe0=127.0.21.10", 4);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let r = ask("LINK ADD rxe1=127.0.21.11/1500");
+    assert!(
+        r.starts_with("OK link rxe1/1 state ACTIVE")
+            && r.contains("addr 127.0.21.11 netdev_mtu 1500"),
+        "{r}"
+    );
+    // A name or an address in use, or a bad spec, is refused and says why.
+    let r = ask("LINK ADD rxe1=127.0.21.12");
+    assert!(r.starts_with("ERR device rxe1 exists already"), "{r}");
+    let r = ask("LINK ADD rxe2=127.0.21.11");
+    assert!(
+        r.contains("address 127.0.21.11 is device rxe1's already"),
+        "{r}"
+    );
+    let r = ask("LINK ADD rxe2=netdev:no-such-if0");
+    assert!(r.contains("no netdev \"no-such-if0\""), "{r}");
+    let r = ask("LINK ADD rxe2");
+    assert!(
+        r.starts_with("ERR device \"rxe2\": expected NAME=ADDR"),
+        "{r}"
+    );
+
+    // The two devices of one daemon talk to each other.
+    let a = side(d.open(), QpType::Rc);
+    let b = side(
+        Device::open_daemon("rxe1", Some(&d.path)).unwrap(),
+        QpType::Rc,
+    );
+    assert_eq!(b.dev.query_port().active_mtu, Mtu::M1024, "netdev MTU 1500");
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 1, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 1, 0);
+    let mut src = vec![0x5au8; 100];
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 200];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    for id in 1..=2 {
+        b.qp.post_recv(RecvWr {
+            wr_id: id,
+            sg_list: vec![bmr.sge(0, 200)],
+        })
+        .unwrap();
+    }
+    a.qp.post_send(SendWr::new(1, SendOp::Send, vec![amr.sge(0, 100)]))
+        .unwrap();
+    assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+    let wc = b.cq.wait(1, WAIT).unwrap();
+    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 100));
+    let show = ask("LINK SHOW");
+    assert_eq!(show.lines().count(), 2, "{show}");
+    assert!(
+        show.lines().all(|l| l.ends_with("processes 1")),
+        "each device has one process: {show}"
+    );
+
+    // Deleting rxe1 under its user: DEVICE_FATAL with the reason, the QP
+    // in ERR, its posted receive flushed, new verbs refused.
+    let r = ask("LINK DEL rxe1");
+    assert_eq!(r, "OK link rxe1 deleted (1 processes had it open)\n");
+    let start = Instant::now();
+    let ev = loop {
+        if let Some(e) = b.dev.poll_async_event() {
+            break e;
+        }
+        assert!(start.elapsed() < WAIT, "no DEVICE_FATAL after link delete");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(ev.kind, AsyncEventKind::DeviceFatal);
+    assert!(
+        ev.reason.contains("device rxe1 was deleted"),
+        "{}",
+        ev.reason
+    );
+    assert_eq!(b.qp.state(), QpState::Err);
+    let wc = b.cq.wait(1, WAIT).unwrap();
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::WrFlushErr));
+    let e = b.pd.create_cq_check(&b.dev);
+    assert!(e.contains("device rxe1 was deleted"), "{e}");
+    // Gone from the daemon; rxe0 and its process are untouched.
+    assert!(!d.status().contains("device rxe1"), "{}", d.status());
+    let r = match Device::open_daemon("rxe1", Some(&d.path)) {
+        Ok(_) => panic!("opened a deleted device"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        r.contains("no device \"rxe1\" (this daemon has rxe0)"),
+        "{r}"
+    );
+    assert_eq!(a.qp.state(), QpState::Rts);
+    let r = ask("LINK SHOW rxe1");
+    assert!(r.starts_with("ERR no device"), "{r}");
+    assert!(ask("LINK SHOW").starts_with("link rxe0/1 "));
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"))
+    })
+}
+
+#[test]
+fn an_any_user_daemon_serves_other_users_and_a_per_user_daemon_refuses_them() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !is_root() {
+        // Switching to another uid needs root; CI runs as root.
+        assert!(
+            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
+            "this test must run as root under CI"
+        );
+        eprintln!("SKIP: needs root to run a client as another user");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    // The pingpong program where uid 65534 may run it (the build tree may
+    // be private to root).
+    let dir = std::env::temp_dir().join(format!("rxe-emu-anyuser-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let prog = dir.join("rxe-rc-pingpong");
+    std::fs::copy(env!("CARGO_BIN_EXE_rxe-rc-pingpong"), &prog).unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = |d: &Daemon, uid: Option<u32>, args: &[&str]| {
+        let mut c = Command::new(&prog);
+        c.args(args)
+            .env("RXE_EMU_SOCKET", &d.path)
+            .env("RXE_EMU_MODE", "daemon")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(u) = uid {
+            c.uid(u).gid(u);
+        }
+        c.spawn().unwrap()
+    };
+
+    // System-wide: a server as uid 65534 and a client as root share rxe0.
+    let d = Daemon::start_for("anyuser", "rxe0=127.0.21.12", 4, true);
+    let mode = std::fs::metadata(&d.path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666, "a system-wide daemon's socket is open to all");
+    let server = run(
+        &d,
+        Some(NOBODY),
+        &["-p", "18611", "-n", "20", "-s", "512", "-c"],
+    );
+    let start = Instant::now();
+    while !d.status().contains(&format!("uid {NOBODY}")) {
+        assert!(
+            start.elapsed() < WAIT,
+            "uid {NOBODY} never opened rxe0: {}",
+            d.status()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200)); // its TCP listen
+    let client = run(
+        &d,
+        None,
+        &["-p", "18611", "-n", "20", "-s", "512", "-c", "127.0.0.1"],
+    );
+    let status = d.status();
+    let c = client.wait_with_output().unwrap();
+    let s = server.wait_with_output().unwrap();
+    let text = format!(
+        "server: {}{}\nclient: {}{}",
+        String::from_utf8_lossy(&s.stdout),
+        String::from_utf8_lossy(&s.stderr),
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert!(s.status.success() && c.status.success(), "{text}");
+    assert!(text.contains("20 iters in"), "{text}");
+    assert!(status.contains(&format!("uid {NOBODY}")), "{status}");
+    drop(d);
+
+    // Per user: the socket is root's alone; and even when the file is
+    // opened up by hand, the daemon refuses another uid by its credentials.
+    let d = Daemon::start_for("peruser", "rxe0=127.0.21.13", 4, false);
+    let mode = std::fs::metadata(&d.path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let out = run(&d, Some(NOBODY), &["-p", "18612"])
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success() && err.contains("Permission denied"),
+        "{err}"
+    );
+    let sockdir = d.path.parent().unwrap();
+    std::fs::set_permissions(sockdir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&d.path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = run(&d, Some(NOBODY), &["-p", "18612"])
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success() && err.contains("this rxe-emud serves uid 0 only"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 trait CreateCheck {
     fn create_cq_check(&self, dev: &Device) -> String;
 }
@@ -522,6 +732,16 @@ fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
         sent(lines[0]),
         a.dev.counters().sent_pkts + b.dev.counters().sent_pkts
     );
+    // Each QP's share, under its process: the SEND's requester sent the
+    // request, its responder the ACK.
+    for s in [&a, &b] {
+        let l = lines
+            .iter()
+            .find(|l| l.starts_with(&format!("    qp {:#x} type Rc ", s.qp.qpn())))
+            .unwrap_or_else(|| panic!("no line for QP {:#x}: {stat}", s.qp.qpn()));
+        assert_eq!(sent(l), s.qp.counters().sent_pkts, "{stat}");
+        assert_eq!(sent(l), 1, "{stat}");
+    }
     // QPs of both processes, with state and PSNs.
     let qps = ask("QPS rxe0");
     for qpn in [a.qp.qpn(), b.qp.qpn()] {
@@ -552,6 +772,91 @@ fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
         bad.contains("ERR fault: drop=7 is not a probability"),
         "{bad}"
     );
+}
+
+#[test]
+fn fault_delay_holds_every_datagram_back_in_order_and_loses_none() {
+    let d = Daemon::start("delay", "rxe0=127.0.21.9", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    // ACK timeout 20 (4.3 s) is far above the delayed round trip
+    // (2 x 10 ms): nothing may be retransmitted.
+    connect(&a, b.qp.qpn(), b.dev.gid(), 20, 1, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 1, 0);
+    const N: usize = 20;
+    let pattern: Vec<u8> = (0..N * 64).map(|i| (i * 7 + 3) as u8).collect();
+    let mut src = pattern.clone();
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; N * 64];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let f = ask("FAULT rxe0 delay_ns=10000000 seed=5");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    for i in 0..N {
+        b.qp.post_recv(RecvWr {
+            wr_id: i as u64,
+            sg_list: vec![bmr.sge(i as u64 * 64, 64)],
+        })
+        .unwrap();
+    }
+    let start = Instant::now();
+    for i in 0..N {
+        a.qp.post_send(SendWr::new(
+            i as u64,
+            SendOp::Send,
+            vec![amr.sge(i as u64 * 64, 64)],
+        ))
+        .unwrap();
+    }
+    let mut done = Vec::new();
+    while done.len() < N {
+        let wc = a.cq.wait(1, WAIT).unwrap();
+        done.extend(wc.iter().map(|w| (w.wr_id, w.status)));
+    }
+    // The first completion needs the SEND to get there and its ACK to come
+    // back, each held 10 ms: a lower bound, never a speed check.
+    assert!(
+        start.elapsed() >= Duration::from_millis(20),
+        "{:?}",
+        start.elapsed()
+    );
+    let expect: Vec<(u64, WcStatus)> = (0..N as u64).map(|i| (i, WcStatus::Success)).collect();
+    assert_eq!(done, expect);
+    let mut got = Vec::new();
+    while got.len() < N {
+        got.extend(b.cq.wait(1, WAIT).unwrap().iter().map(|w| w.wr_id));
+    }
+    assert_eq!(got, (0..N as u64).collect::<Vec<_>>(), "in order");
+    drop(bmr);
+    assert_eq!(dst, pattern, "every byte arrived");
+    let (ca, cb) = (a.dev.counters(), b.dev.counters());
+    assert_eq!(cb.duplicate_request, 0, "{cb:?}");
+    assert_eq!(ca.completer_retry_err, 0, "{ca:?}");
+    assert_eq!(cb.out_of_seq_request, 0, "{cb:?}");
+
+    // Datagrams still waiting when the delay is turned off leave at once:
+    // a SEND posted under a 5 s delay completes as soon as it is off, not
+    // by a retransmission 4.3 s later.
+    let f = ask("FAULT rxe0 delay_ns=5000000000 seed=5");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    let mut dst2 = vec![0u8; 64];
+    let bmr2 = b.pd.reg_mr(&mut dst2, ALL).unwrap();
+    b.qp.post_recv(RecvWr {
+        wr_id: 100,
+        sg_list: vec![bmr2.sge(0, 64)],
+    })
+    .unwrap();
+    a.qp.post_send(SendWr::new(100, SendOp::Send, vec![amr.sge(0, 64)]))
+        .unwrap();
+    assert!(a.cq.poll(1).unwrap().is_empty());
+    let f = ask("FAULT rxe0 seed=5");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    let wc = a.cq.wait(1, WAIT).unwrap();
+    assert_eq!((wc[0].wr_id, wc[0].status), (100, WcStatus::Success));
+    assert_eq!(b.cq.wait(1, WAIT).unwrap()[0].wr_id, 100);
+    assert_eq!(a.dev.counters().completer_retry_err, 0);
+    drop(bmr2);
+    assert_eq!(&dst2[..], &pattern[..64]);
 }
 
 #[test]

@@ -337,6 +337,7 @@ fn write_stream_survives_loss_duplication_and_reordering() {
         duplicate: 0.02,
         reorder: 0.05,
         corrupt: 0.0,
+        ..Default::default()
     };
     let (a, b) = pair("127.0.3.1", "127.0.3.2", QpType::Rc, Some(fault));
     const LEN: usize = 64 << 20;

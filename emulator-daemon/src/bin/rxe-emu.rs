@@ -19,8 +19,9 @@ struct Cli {
 enum Cmd {
     /// Start the daemon in the background (if it is not running).
     Start {
-        /// A device to host: NAME=ADDR or NAME=ADDR/MTU (default rxe0=127.0.0.1).
-        #[arg(long = "device", value_name = "NAME=ADDR[/MTU]")]
+        /// A device to host: NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IF
+        /// (default rxe0=127.0.0.1). `link add` adds more later.
+        #[arg(long = "device", value_name = "NAME=ADDR[/MTU]|NAME=netdev:IF")]
         devices: Vec<String>,
         /// Serve every user (system-wide daemon).
         #[arg(long)]
@@ -36,6 +37,12 @@ enum Cmd {
         /// Device (default rxe0).
         #[arg(default_value = "rxe0")]
         dev: String,
+    },
+    /// Devices, in the words of `rdma link`: add one (starting the
+    /// daemon if none runs), show them, delete one.
+    Link {
+        #[command(subcommand)]
+        cmd: LinkCmd,
     },
     /// Queue pairs.
     Qp {
@@ -59,6 +66,11 @@ enum Cmd {
         /// Datagrams with one bit flipped (dropped by the receiver's ICRC check).
         #[arg(long, default_value = "0%")]
         corrupt: String,
+        /// Every datagram leaves this much later, in order: 50us, 2ms, 1s
+        /// (at most 10s). Longer than a QP's ACK timeout, it makes the
+        /// requester retransmit.
+        #[arg(long, default_value = "0")]
+        delay: String,
         /// Seed: the same seed gives the same faults for the same traffic.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -99,6 +111,40 @@ enum Cmd {
 }
 
 #[derive(Subcommand)]
+enum LinkCmd {
+    /// Add a device bound to an address or to a netdev (as `rdma link add
+    /// rxe0 type rxe netdev eth0`).
+    Add {
+        /// Device name, e.g. rxe1.
+        name: String,
+        /// The address it owns (UDP 4791 on it); ADDR/MTU sets the netdev MTU.
+        #[arg(
+            long,
+            value_name = "ADDR[/MTU]",
+            conflicts_with = "netdev",
+            required_unless_present = "netdev"
+        )]
+        addr: Option<String>,
+        /// A network interface: the device takes its first IPv4 address (else
+        /// its first global IPv6 address) and its MTU.
+        #[arg(long, value_name = "IFNAME")]
+        netdev: Option<String>,
+    },
+    /// Show the devices (or one).
+    Show {
+        /// Device name (default: all).
+        name: Option<String>,
+    },
+    /// Delete a device: processes using it get IBV_EVENT_DEVICE_FATAL and
+    /// their QPs go to ERR, as when kernel rxe's link is deleted.
+    #[command(visible_alias = "del")]
+    Delete {
+        /// Device name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum QpCmd {
     /// Each QP's state, PSNs, outstanding WRs and error, per process.
     Show {
@@ -106,6 +152,30 @@ enum QpCmd {
         #[arg(default_value = "rxe0")]
         dev: String,
     },
+}
+
+/// "50us", "2ms", "1.5s", "100ns" (or "0") as nanoseconds, at most 10 s.
+fn duration_ns(s: &str) -> u64 {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e3 * 1e3,
+        "s" => 1e9,
+        "" if num.parse::<f64>() == Ok(0.0) => 0.0,
+        _ => die(format!(
+            "{s:?} is not a duration (like 50us, 2ms or 1s; units ns, us, ms, s)"
+        )),
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v * scale <= 10e9 => (v * scale).round() as u64,
+        Ok(_) => die(format!("{s:?}: the delay is at most 10s")),
+        Err(_) => die(format!("{s:?} is not a duration (like 50us, 2ms or 1s)")),
+    }
 }
 
 /// "2%" or "0.5%" or "0.02" as a probability.
@@ -197,6 +267,48 @@ fn exec(socket: &std::path::Path, devices: &[String], cmd: &[std::ffi::OsString]
     die(format!("cannot run {:?}: {err}", cmd[0]))
 }
 
+fn link(path: &std::path::Path, cmd: LinkCmd) {
+    let req = match cmd {
+        LinkCmd::Add { name, addr, netdev } => {
+            let spec = match (addr, netdev) {
+                (Some(a), _) => format!("{name}={a}"),
+                (None, Some(n)) => format!("{name}=netdev:{n}"),
+                (None, None) => die("link add needs --addr or --netdev"),
+            };
+            // Checked here too, so a bad spec is not first met by a
+            // daemon being started for it.
+            if let Err(e) = spec.parse::<emulator_daemon::server::DeviceSpec>() {
+                die(e);
+            }
+            if emulator_daemon::client::request(path, "STATUS").is_err() {
+                // No daemon: start one hosting just this device.
+                let pid = emulator_daemon::client::spawn_daemon(
+                    &daemon_exe(),
+                    path,
+                    std::slice::from_ref(&spec),
+                    false,
+                    false,
+                )
+                .unwrap_or_else(|e| die(e));
+                println!("rxe-emud started (pid {pid}) on {}", path.display());
+                format!("LINK SHOW {name}")
+            } else {
+                format!("LINK ADD {spec}")
+            }
+        }
+        LinkCmd::Show { name } => match name {
+            Some(n) => format!("LINK SHOW {n}"),
+            None => "LINK SHOW".into(),
+        },
+        LinkCmd::Delete { name } => format!("LINK DEL {name}"),
+    };
+    match emulator_daemon::client::request(path, &req) {
+        Ok(s) if s.starts_with("ERR ") => die(s.trim_end().trim_start_matches("ERR ")),
+        Ok(s) => print!("{}", s.strip_prefix("OK ").unwrap_or(&s)),
+        Err(e) => die(e),
+    }
+}
+
 fn die(msg: impl std::fmt::Display) -> ! {
     eprintln!("rxe-emu: {msg}");
     std::process::exit(1);
@@ -262,14 +374,16 @@ fn main() {
             dup,
             reorder,
             corrupt,
+            delay,
             seed,
         } => {
             let spec = format!(
-                "drop={} dup={} reorder={} corrupt={} seed={seed}",
+                "drop={} dup={} reorder={} corrupt={} delay_ns={} seed={seed}",
                 probability(&drop),
                 probability(&dup),
                 probability(&reorder),
-                probability(&corrupt)
+                probability(&corrupt),
+                duration_ns(&delay)
             );
             match emulator_daemon::client::request(&path, &format!("FAULT {dev} {spec}")) {
                 Ok(s) if s.starts_with("ERR") => die(s.trim_end()),
@@ -277,6 +391,7 @@ fn main() {
                 Err(e) => die(e),
             }
         }
+        Cmd::Link { cmd } => link(&path, cmd),
         Cmd::Status => match emulator_daemon::client::request(&path, "STATUS") {
             Ok(s) => print!("{s}"),
             Err(e) => die(e),

@@ -1,6 +1,6 @@
 //! rxe-emud: host rxe-emu devices that many processes share.
 //!
-//! `rxe-emud [--device NAME=ADDR[/MTU]]... [--socket PATH] [--slots N] [--any-user]`
+//! `rxe-emud [--device NAME=ADDR[/MTU]|NAME=netdev:IF]... [--socket PATH] [--slots N] [--any-user]`
 //! (default device: rxe0=127.0.0.1). Usually started by `rxe-emu start`.
 
 use std::path::PathBuf;
@@ -13,8 +13,9 @@ use emulator_daemon::server::{DeviceSpec, Server, ServerConfig, DEFAULT_SLOTS};
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// A device to host: NAME=ADDR, or NAME=ADDR/MTU to set the netdev MTU.
-    #[arg(long = "device", value_name = "NAME=ADDR[/MTU]")]
+    /// A device to host: NAME=ADDR, NAME=ADDR/MTU to set the netdev MTU,
+    /// or NAME=netdev:IFNAME to take an interface's address and MTU.
+    #[arg(long = "device", value_name = "NAME=ADDR[/MTU]|NAME=netdev:IF")]
     devices: Vec<DeviceSpec>,
     /// Control socket (default: $RXE_EMU_SOCKET, else the user's runtime dir).
     #[arg(long)]
@@ -49,8 +50,8 @@ fn main() {
             std::process::exit(1);
         }
     };
-    for d in &cfg.devices {
-        eprintln!("rxe-emud: device {} on {}:4791", d.name, d.addr);
+    for (name, addr) in server.devices() {
+        eprintln!("rxe-emud: device {name} on {addr}:4791");
     }
     eprintln!("rxe-emud: listening on {}", cfg.socket_path.display());
     // Tell a parent waiting on our stdout that we are ready.

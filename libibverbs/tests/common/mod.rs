@@ -39,6 +39,17 @@ pub fn have_program(prog: &str, package: &str) -> bool {
     found || missing(prog, package)
 }
 
+/// This process runs as root (for network namespaces), or the test is
+/// skipped (fails under CI, which runs as root).
+pub fn have_root(what: &str) -> bool {
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"))
+    });
+    root || missing(&format!("root ({what})"), "nothing: run the test as root")
+}
+
 pub fn scratch_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("rxe-dropin-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
