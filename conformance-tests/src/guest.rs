@@ -96,9 +96,11 @@ impl Vm {
         self.run(&["mtu", &mtu.to_string()])
     }
 
-    /// netem on guest 1's eth0, both directions (`args` like `loss 5%`, or `off`).
+    /// netem on guest 1's eth0, both directions (`args` like `loss 5%`, or
+    /// `off`), on RoCEv2 packets that carry payload only (`rxe-vm.sh netem
+    /// 1 --data`): ACKs and NAKs are never dropped. See `Scenario::loss_pct`.
     pub fn netem(&self, args: &str) -> Out {
-        self.run(&["netem", "1", args])
+        self.run(&["netem", "1", "--data", args])
     }
 
     /// A command that runs `program` inside the namespace.

@@ -19,8 +19,11 @@
 #   bgkill I NAME        kill the job's process group; print its log
 #   host CMD             run CMD (sh -c) inside the namespace, where 10.77.0.1 is
 #   mtu N                set the link MTU of bridge, taps and every guest's eth0
-#   netem I ARGS|off     netem (e.g. "loss 5%") on guest I's eth0 in both directions:
-#                        egress directly, ingress through ifb0
+#   netem I [--data] ARGS|off
+#                        netem (e.g. "loss 5%") on guest I's eth0 in both directions:
+#                        egress directly, ingress through ifb0. --data: only RoCEv2
+#                        datagrams of 128 bytes or more (packets with payload); ACKs,
+#                        NAKs and every other packet pass untouched
 #   capture start FILE [FILTER] | capture stop   dumpcap on the bridge
 #   console I            print guest I's serial console
 #   status               what runs
@@ -64,9 +67,10 @@ PKGS="busybox-static ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 rdma
   libmnl0 libbsd0 libmd0 libelf1 libcap2 libbpf1 zlib1g libc6 libxtables12 libgcc-s1"
 # Modules the guest loads (modprobe resolves their dependencies at build time).
 # sch_netem, ifb, sch_ingress, act_mirred and cls_matchall: loss in both directions
-# (`rxe-vm.sh netem`; the host's kernel may have no netem).
+# (`rxe-vm.sh netem`; the host's kernel may have no netem); sch_prio and cls_u32:
+# loss for RoCEv2 data packets only (`netem I --data`).
 MODS="virtio_pci virtio_net virtio_console virtio_rng crc32_pclmul crc32_generic sch_netem
-  ifb sch_ingress act_mirred cls_matchall rdma_rxe rdma_ucm ib_umad"
+  ifb sch_ingress act_mirred cls_matchall sch_prio cls_u32 rdma_rxe rdma_ucm ib_umad"
 # Programs copied into the guest, relative to the unpacked packages.
 BINS="usr/bin/ibv_devinfo usr/bin/ibv_devices usr/bin/ibv_rc_pingpong usr/bin/ibv_uc_pingpong
   usr/bin/ibv_ud_pingpong usr/bin/ibv_srq_pingpong usr/bin/ib_send_bw usr/bin/ib_send_lat
@@ -336,18 +340,31 @@ cmd_mtu() { # set bridge, taps and guest eth0 MTU at run time (rxe follows NETDE
 cmd_netem() { # netem in the guest, both ways: the host side of the bridge may have no sch_netem
   local i=${1:?guest}
   shift
-  if [ "${1:-}" = off ]; then
-    agent "$i" 20 "tc qdisc del dev eth0 root 2>/dev/null; tc qdisc del dev eth0 ingress 2>/dev/null
-      tc qdisc del dev ifb0 root 2>/dev/null; true"
+  local data=
+  if [ "${1:-}" = --data ]; then data=1; shift; fi
+  # Clear what an earlier call set up, so calls do not pile up filters.
+  agent "$i" 20 "tc qdisc del dev eth0 root 2>/dev/null; tc qdisc del dev eth0 ingress 2>/dev/null
+    tc qdisc del dev ifb0 root 2>/dev/null; true" >/dev/null
+  [ "${1:-}" = off ] && return 0
+  local root
+  if [ -n "$data" ]; then
+    # prio band 1:1 (no netem): UDP/4791 with IP total length < 128 (ACKs, NAKs,
+    # atomic ACKs); band 1:3 (netem): the other UDP/4791 datagrams; everything
+    # else takes the default band 1:2 (no netem).
+    root='tc qdisc add dev $d root handle 1: prio
+      tc qdisc add dev $d parent 1:3 handle 30: netem '"$*"'
+      tc filter add dev $d parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff match u16 0 0xff80 at 2 flowid 1:1
+      tc filter add dev $d parent 1: protocol ip prio 2 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3'
   else
-    agent "$i" 20 "set -e
-      ip link show ifb0 >/dev/null 2>&1 || ip link add ifb0 type ifb
-      ip link set ifb0 up
-      tc qdisc replace dev eth0 root netem $*
-      tc qdisc replace dev eth0 handle ffff: ingress
-      tc filter replace dev eth0 parent ffff: protocol all prio 1 matchall action mirred egress redirect dev ifb0
-      tc qdisc replace dev ifb0 root netem $*"
+    root='tc qdisc add dev $d root netem '"$*"
   fi
+  agent "$i" 20 "set -e
+    ip link show ifb0 >/dev/null 2>&1 || ip link add ifb0 type ifb
+    ip link set ifb0 up
+    d=eth0; $root
+    tc qdisc add dev eth0 handle ffff: ingress
+    tc filter add dev eth0 parent ffff: protocol all prio 1 matchall action mirred egress redirect dev ifb0
+    d=ifb0; $root"
 }
 
 # ----------------------------------------------------------------- guests ---
