@@ -1295,6 +1295,19 @@ pub unsafe extern "C" fn rxe_ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
         return libc::EINVAL;
     }
     guard("ibv_destroy_qp", libc::EIO, || {
+        // SAFETY: a live QP we handed out (borrowed only for the check).
+        let groups = unsafe { &*(q as *const Qp) }.qp.mcast_groups();
+        if let Some(g) = groups.first() {
+            // As kernel uverbs: the application must detach first.
+            debug(|| {
+                format!(
+                    "ibv_destroy_qp: the QP is still attached to {} multicast group(s) (first {}); ibv_detach_mcast first",
+                    groups.len(),
+                    std::net::Ipv6Addr::from(*g)
+                )
+            });
+            return libc::EBUSY;
+        }
         // SAFETY: a QP we handed out; ownership comes back here.
         let b = unsafe { Box::from_raw(q as *mut Qp) };
         let qpn = b.qp.qpn();
@@ -1308,6 +1321,39 @@ pub unsafe extern "C" fn rxe_ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
         drop(b);
         0
     })
+}
+
+/// `ibv_attach_mcast` / `ibv_detach_mcast`: 0 or an errno value.
+unsafe fn mcast(what: &str, q: *mut ibv_qp, gid: *const u8, lid: u16, attach: bool) -> c_int {
+    if q.is_null() || gid.is_null() {
+        return libc::EINVAL;
+    }
+    guard(what, libc::EIO, || {
+        // SAFETY: a live QP we handed out; `gid` points to a union ibv_gid
+        // (16 bytes) of the caller's.
+        let (qpo, g) = unsafe { (&*(q as *const Qp), *(gid as *const [u8; 16])) };
+        let r = if attach {
+            qpo.qp.attach_mcast(g, lid)
+        } else {
+            qpo.qp.detach_mcast(g, lid)
+        };
+        match r {
+            Ok(()) => 0,
+            Err(e) => fail(what, &e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_attach_mcast(q: *mut ibv_qp, gid: *const u8, lid: u16) -> c_int {
+    // SAFETY: forwarded caller pointers, checked inside.
+    unsafe { mcast("ibv_attach_mcast", q, gid, lid, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_detach_mcast(q: *mut ibv_qp, gid: *const u8, lid: u16) -> c_int {
+    // SAFETY: forwarded caller pointers, checked inside.
+    unsafe { mcast("ibv_detach_mcast", q, gid, lid, false) }
 }
 
 // ---------------------------------------------------------------------------

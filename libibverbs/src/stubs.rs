@@ -115,25 +115,6 @@ pub unsafe extern "C" fn rxe___verbs_log(_ctx: *mut c_void, _level: u32, _fmt: *
 // --- public verbs rxe does not support --------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_attach_mcast(
-    _qp: *mut c_void,
-    _gid: *const c_void,
-    _lid: u16,
-) -> c_int {
-    debug(|| "ibv_attach_mcast: multicast is not supported by rxe-emu yet".into());
-    libc::EOPNOTSUPP
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_detach_mcast(
-    _qp: *mut c_void,
-    _gid: *const c_void,
-    _lid: u16,
-) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn rxe_ibv_import_dm(_c: *mut c_void, _h: u32) -> *mut c_void {
     crate::set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()

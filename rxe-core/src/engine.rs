@@ -195,6 +195,8 @@ pub struct Engine<M: Memory> {
     pds: HashMap<PdHandle, u32>,
     next_handle: u32,
     next_qpn: u32,
+    /// Multicast groups and the UD QPs attached to each.
+    pub(crate) mcast: crate::mcast::Groups,
 }
 
 /// The IP address a GID stands for on RoCEv2: IPv4-mapped GIDs are IPv4,
@@ -338,6 +340,7 @@ impl<M: Memory> Engine<M> {
             pds: HashMap::new(),
             next_handle: 1,
             next_qpn,
+            mcast: crate::mcast::Groups::default(),
         }
     }
 
@@ -1085,6 +1088,20 @@ impl<M: Memory> Engine<M> {
     /// Destroy a QP. Outstanding work is discarded without completions, as
     /// with `ibv_destroy_qp`; windows bound to it become invalid.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        if !self.qps.contains_key(&qpn) {
+            return Err(Error::NotFound(format!("QP {qpn:#x}")));
+        }
+        let groups = self.mcast.of_qp(qpn);
+        if !groups.is_empty() {
+            // Kernel uverbs refuses too (uverbs_free_qp: EBUSY while the
+            // QP's mcast list is not empty); a process that exits is
+            // detached by its driver (detach_all_mcast).
+            return Err(Error::Busy(format!(
+                "QP {qpn:#x} is still attached to {} multicast group(s) (first {}): detach it first",
+                groups.len(),
+                std::net::Ipv6Addr::from(groups[0])
+            )));
+        }
         let qp = self
             .qps
             .remove(&qpn)
@@ -1102,6 +1119,62 @@ impl<M: Memory> Engine<M> {
         }
         self.ctx.keys.invalidate_windows_of_qp(qpn);
         self.pd_ref(qp.pd, -1)
+    }
+
+    // ------------------------------------------------------------------
+    // Multicast
+
+    /// Attach UD QP `qpn` to the multicast group `gid` (`ibv_attach_mcast`).
+    /// `Ok(true)` when the group is new on this device: the driver must
+    /// start receiving the group's address. Attaching twice is a no-op.
+    pub fn attach_mcast(&mut self, qpn: u32, gid: [u8; 16]) -> Result<bool> {
+        let qp = self
+            .qps
+            .get(&qpn)
+            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        if qp.qp_type != QpType::Ud {
+            return Err(Error::Invalid(format!(
+                "QP {qpn:#x} is {:?}: only UD QPs join multicast groups",
+                qp.qp_type
+            )));
+        }
+        let ip = gid_to_ip(gid);
+        // The device's address (GID 0 may be the link-local GID derived
+        // from an IPv4 address: route() maps it back).
+        let gids = &self.ctx.cfg.gids;
+        let local = gids.first().map(|g| route(gids, *g));
+        if local.is_some_and(|l| l.is_ipv4() != ip.is_ipv4()) {
+            return Err(Error::Invalid(format!(
+                "multicast group {ip} and the device's address {} are of different IP versions",
+                local.map_or(String::new(), |l| l.to_string())
+            )));
+        }
+        self.mcast.attach(&self.ctx.cfg.caps, qpn, gid)
+    }
+
+    /// Detach `qpn` from `gid` (`ibv_detach_mcast`). `Ok(true)` when the
+    /// group has no member left: the driver may stop receiving it.
+    pub fn detach_mcast(&mut self, qpn: u32, gid: [u8; 16]) -> Result<bool> {
+        if !self.qps.contains_key(&qpn) {
+            return Err(Error::NotFound(format!("QP {qpn:#x}")));
+        }
+        self.mcast.detach(qpn, gid)
+    }
+
+    /// Detach `qpn` from every group, as the kernel does for a process that
+    /// exits; returns the groups left without members.
+    pub fn detach_all_mcast(&mut self, qpn: u32) -> Vec<[u8; 16]> {
+        self.mcast.detach_all(qpn)
+    }
+
+    /// The groups QP `qpn` is attached to.
+    pub fn qp_mcast_groups(&self, qpn: u32) -> Vec<[u8; 16]> {
+        self.mcast.of_qp(qpn)
+    }
+
+    /// Every multicast group with a member on this device.
+    pub fn mcast_groups(&self) -> Vec<[u8; 16]> {
+        self.mcast.gids()
     }
 
     /// QPNs of all QPs.
@@ -1461,7 +1534,7 @@ impl<M: Memory> Engine<M> {
     }
 
     /// Bring QP `qpn`'s entry of the timer index up to date.
-    fn reindex(&mut self, qpn: u32) {
+    pub(crate) fn reindex(&mut self, qpn: u32) {
         let new = self.qps.get(&qpn).and_then(|q| {
             [q.retrans_deadline, q.rnr_deadline]
                 .into_iter()

@@ -31,6 +31,7 @@ mod cq;
 mod dma;
 mod engine;
 mod error;
+pub mod mcast;
 pub mod mem;
 pub mod mr;
 mod qp;

@@ -9,8 +9,7 @@ use crate::mem::Memory;
 use crate::qp_attr::QpType;
 use crate::time::Instant;
 
-/// The multicast QPN (IBTA 9.2): not supported yet, dropped and counted.
-const MULTICAST_QPN: u32 = 0x00ff_ffff;
+use crate::mcast::MULTICAST_QPN;
 
 /// Returns the QPN of the QP the packet was handed to, if any.
 pub(crate) fn handle<M: Memory>(
@@ -47,7 +46,11 @@ pub(crate) fn handle<M: Memory>(
         return None;
     }
     let qpn = bth.dest_qpn;
-    if qpn == MULTICAST_QPN || qpn == 0 {
+    if qpn == MULTICAST_QPN {
+        deliver_multicast(eng, &pkt, dg);
+        return None;
+    }
+    if qpn == 0 {
         ctx.counters.rcvd_bad_qp += 1;
         return None;
     }
@@ -90,6 +93,33 @@ pub(crate) fn handle<M: Memory>(
         qp.counters.rcvd_bad_qp += 1;
     }
     Some(qpn)
+}
+
+/// A datagram for QPN 0xFFFFFF: a copy to each QP attached to the group
+/// its IP destination names (kernel `rxe_rcv_mcast_pkt`). Only UD SENDs
+/// may be multicast (IBTA 10.5.2.3); a group with no member here, or a
+/// member that cannot take it, drops it and counts.
+fn deliver_multicast<M: Memory>(eng: &mut Engine<M>, pkt: &PacketRepr<'_>, dg: &RxDatagram<'_>) {
+    let gid = crate::engine::ip_to_gid(dg.dst);
+    let members = eng.mcast.members(&gid).to_vec();
+    if pkt.bth.opcode.transport() != Transport::Ud || members.is_empty() {
+        eng.ctx.counters.rcvd_bad_qp += 1;
+        return;
+    }
+    for qpn in members {
+        let ctx = &mut eng.ctx;
+        let Some(qp) = eng.qps.get_mut(&qpn) else {
+            continue;
+        };
+        if qp.qp_type != QpType::Ud || !qp.can_receive() {
+            ctx.counters.rcvd_bad_qp += 1;
+            qp.counters.rcvd_bad_qp += 1;
+            continue;
+        }
+        qp.counters.rcvd_pkts += 1;
+        crate::resp::on_request(qp, ctx, pkt, dg);
+        eng.reindex(qpn);
+    }
 }
 
 fn info(dg: &RxDatagram<'_>, id: u16) -> wire::icrc::IpUdpInfo {

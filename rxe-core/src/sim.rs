@@ -195,10 +195,30 @@ impl Network {
         if let Some(tap) = self.tap.as_mut() {
             tap(self.now, &t);
         }
+        if t.info.dst.is_multicast() {
+            // IP multicast: a copy to every node with a member of the group,
+            // the sender included (as a host's multicast loopback does).
+            let gid = crate::engine::ip_to_gid(t.info.dst);
+            let dsts: Vec<usize> = (0..self.nodes.len())
+                .filter(|&i| self.nodes[i].mcast_groups().contains(&gid))
+                .collect();
+            if dsts.is_empty() {
+                self.stats.unroutable += 1;
+            }
+            for dst in dsts {
+                self.schedule_to(dst, &t);
+            }
+            return;
+        }
         let Some(&dst) = self.by_ip.get(&t.info.dst) else {
             self.stats.unroutable += 1;
             return;
         };
+        self.schedule_to(dst, &t);
+    }
+
+    /// Put `t` on the link to node `dst`, through the link's faults.
+    fn schedule_to(&mut self, dst: usize, t: &Transmit) {
         if self.rng.chance(self.link.loss) {
             self.stats.lost += 1;
             return;

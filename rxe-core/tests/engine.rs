@@ -1259,3 +1259,115 @@ fn per_qp_counters_add_up_to_the_device_counters() {
     );
     assert_eq!(b.rdma_recvs, 20 + 40 + 60);
 }
+
+/// IBTA 10.5.2.3 / kernel rxe_rcv_mcast_pkt: a UD SEND to QPN 0xFFFFFF and
+/// a group's address reaches every QP attached to the group (on every
+/// node, the sender's included), each consuming its own receive WQE; a
+/// member with another Q_Key drops its copy; detached QPs get nothing.
+#[test]
+fn ud_multicast_reaches_every_attached_qp_once() {
+    let mut n = net(77, LinkConfig::perfect());
+    let group: [u8; 16] = std::net::Ipv4Addr::new(239, 1, 2, 3)
+        .to_ipv6_mapped()
+        .octets();
+    let a = n.create_endpoint(0, QpType::Ud, None, None, 8).unwrap();
+    let a2 = n.create_endpoint(0, QpType::Ud, None, None, 8).unwrap();
+    let b1 = n.create_endpoint(1, QpType::Ud, None, None, 8).unwrap();
+    let b2 = n.create_endpoint(1, QpType::Ud, None, None, 8).unwrap();
+    let b3 = n.create_endpoint(1, QpType::Ud, None, None, 8).unwrap();
+    for (e, qkey) in [(&a, 7), (&a2, 7), (&b1, 7), (&b2, 7), (&b3, 8)] {
+        n.activate_ud(e, qkey, 1).unwrap();
+    }
+    // Only UD QPs join, only multicast GIDs name groups.
+    let rc = n.create_endpoint(1, QpType::Rc, None, None, 8).unwrap();
+    let err = n.node(1).attach_mcast(rc.qpn, group).unwrap_err();
+    assert!(err.to_string().contains("only UD"), "{err}");
+    let unicast = std::net::Ipv4Addr::new(10, 0, 0, 2)
+        .to_ipv6_mapped()
+        .octets();
+    assert!(n.node(1).attach_mcast(b1.qpn, unicast).is_err());
+    assert!(n.node(0).attach_mcast(a2.qpn, group).unwrap(), "new group");
+    assert!(n.node(1).attach_mcast(b1.qpn, group).unwrap(), "new group");
+    assert!(!n.node(1).attach_mcast(b2.qpn, group).unwrap());
+    assert!(
+        !n.node(1).attach_mcast(b2.qpn, group).unwrap(),
+        "twice: no-op"
+    );
+    assert!(!n.node(1).attach_mcast(b3.qpn, group).unwrap());
+
+    let src = buf(&mut n, 0, a.pd, 100, AccessFlags::empty());
+    fill(&mut n, 0, &src, 9);
+    let rbs: Vec<(QpEnd, Buf)> = [a2, b1, b2, b3]
+        .into_iter()
+        .map(|e| {
+            let b = buf(&mut n, e.node, e.pd, 140, AccessFlags::LOCAL_WRITE);
+            post_recv(&mut n, &e, 1, &b);
+            let b2 = buf(&mut n, e.node, e.pd, 140, AccessFlags::LOCAL_WRITE);
+            post_recv(&mut n, &e, 2, &b2);
+            (e, b)
+        })
+        .collect();
+    let ah = n
+        .node(0)
+        .create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: group,
+                is_global: true,
+                port_num: 1,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    let mut wr = SendWr::new(1, SendOp::SendWithImm { imm: 0x55 }, vec![sge(&src)]);
+    wr.ud = Some(UdDest {
+        ah,
+        remote_qpn: rxe_core::mcast::MULTICAST_QPN,
+        remote_qkey: 7,
+    });
+    post(&mut n, &a, wr.clone());
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &a).len(), 1, "the send completes once");
+    for (e, b) in &rbs {
+        let wcs = drain(&mut n, e);
+        if e.qpn == rbs[3].0.qpn {
+            assert!(wcs.is_empty(), "Q_Key 8 member drops it");
+            continue;
+        }
+        assert_eq!(wcs.len(), 1, "QP {:#x} gets one copy", e.qpn);
+        assert_eq!(wcs[0].wr_id, 1);
+        assert_eq!(wcs[0].byte_len, 140);
+        assert_eq!(wcs[0].src_qp, a.qpn);
+        assert_eq!(wcs[0].imm_data, 0x55);
+        let grh = read(&mut n, e.node, b.addr, 40);
+        assert_eq!(&grh[36..40], &[239, 1, 2, 3], "GRH destination: the group");
+        assert_eq!(
+            read(&mut n, e.node, b.addr + 40, 100),
+            read(&mut n, 0, src.addr, 100)
+        );
+    }
+    assert_eq!(n.node(1).counters().rcvd_qkey_err, 1);
+
+    // Detached: b2 gets nothing more; destroying an attached QP is EBUSY.
+    n.node(1).detach_mcast(b2.qpn, group).unwrap();
+    assert!(
+        n.node(1).detach_mcast(b2.qpn, group).is_err(),
+        "not attached"
+    );
+    post(&mut n, &a, wr);
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &rbs[1].0).len(), 1, "b1: second copy");
+    assert!(drain(&mut n, &rbs[2].0).is_empty(), "b2 left the group");
+    assert_eq!(drain(&mut n, &rbs[0].0).len(), 1, "a2 on the sender's node");
+    let busy = n.node(1).destroy_qp(b1.qpn).unwrap_err();
+    assert!(busy.to_string().contains("multicast"), "{busy}");
+    assert_eq!(busy.errno(), 16);
+    assert_eq!(n.node(1).detach_all_mcast(b1.qpn), Vec::<[u8; 16]>::new());
+    assert_eq!(
+        n.node(1).detach_all_mcast(b3.qpn),
+        vec![group],
+        "last one out"
+    );
+    n.node(1).destroy_qp(b1.qpn).unwrap();
+    assert!(n.node(1).mcast_groups().is_empty());
+}

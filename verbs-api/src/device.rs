@@ -178,6 +178,12 @@ pub(crate) struct Inner {
     /// next flush that does not hold, at most [`APP_POLL_GRACE`] later.
     deferred: Mutex<Vec<Transmit>>,
     senders: Mutex<HashMap<u16, Option<UdpSocket>>>,
+    /// One socket per multicast group a QP of this device is attached to,
+    /// bound to the group's address and port 4791 and joined on the
+    /// device's interface. Every socket so bound on the host gets its own
+    /// copy of a group datagram, so each process receives the group's
+    /// traffic itself: the daemon never carries it.
+    mcast: Mutex<Vec<(IpAddr, UdpSocket)>>,
     faults: Mutex<Option<Faults>>,
     epoch: std::time::Instant,
     stop: AtomicBool,
@@ -335,6 +341,49 @@ fn bind_udp(addr: SocketAddr) -> io::Result<UdpSocket> {
         crate::sys::set_dont_fragment(s.as_raw_fd())?;
     }
     s.bind(&addr.into())?;
+    s.set_nonblocking(true)?;
+    set_multicast_if(&s, addr.ip());
+    Ok(s.into())
+}
+
+/// Send multicast out of the interface that holds `local` (without it, a
+/// host with no multicast route could not send a group datagram at all).
+fn set_multicast_if(s: &Socket, local: IpAddr) {
+    let _ = match local {
+        IpAddr::V4(v4) if !v4.is_unspecified() => s.set_multicast_if_v4(&v4),
+        IpAddr::V6(_) => match crate::sys::ifindex_of(local) {
+            Some(i) => s.set_multicast_if_v6(i),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    };
+}
+
+/// A socket that receives multicast group `group` on the interface of
+/// `local`: bound to the group's address and 4791 with SO_REUSEADDR, so
+/// that every process on the host that joins gets a copy.
+fn join_group(group: IpAddr, local: IpAddr) -> io::Result<UdpSocket> {
+    let addr = SocketAddr::new(group, wire::ROCEV2_UDP_PORT);
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    let _ = s.set_recv_buffer_size(8 << 20);
+    s.set_reuse_address(true)?;
+    match (group, local) {
+        (IpAddr::V4(g), IpAddr::V4(l)) => {
+            s.bind(&addr.into())?;
+            s.join_multicast_v4(&g, &l)?;
+        }
+        (IpAddr::V6(g), IpAddr::V6(_)) => {
+            s.set_only_v6(true)?;
+            s.bind(&addr.into())?;
+            s.join_multicast_v6(&g, crate::sys::ifindex_of(local).unwrap_or(0))?;
+        }
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("group {group} and device address {local} are of different IP versions"),
+            ))
+        }
+    }
     s.set_nonblocking(true)?;
     Ok(s.into())
 }
@@ -666,11 +715,75 @@ impl Inner {
                 Err(_) => break,
             }
         }
+        self.progress_multicast(&mut e, buf, app);
         let now = self.now();
         if e.poll_timeout().is_some_and(|d| d <= now) {
             e.handle_timeout(now);
         }
         self.flush_with(&mut e, app);
+    }
+
+    /// Read what the multicast sockets hold into the engine (destination:
+    /// the group's address, which selects the group's members).
+    fn progress_multicast(&self, e: &mut Engine<HostMemory>, buf: &mut [u8], app: bool) {
+        let groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        for (group, sock) in groups.iter() {
+            loop {
+                let (n, src) = match sock.recv_from(buf) {
+                    Ok(x) => x,
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                let dg = RxDatagram {
+                    src: src.ip(),
+                    dst: *group,
+                    src_port: src.port(),
+                    dst_port: wire::ROCEV2_UDP_PORT,
+                    ipv4_id: None,
+                    payload: &buf[..n],
+                };
+                if self.tracing.load(Ordering::Relaxed) {
+                    let info = wire::icrc::IpUdpInfo {
+                        src: dg.src,
+                        dst: dg.dst,
+                        src_port: dg.src_port,
+                        dst_port: dg.dst_port,
+                        ipv4_id: 0,
+                        ipv4_flags_frag: 0x4000,
+                    };
+                    self.trace_packet('r', &info, dg.payload);
+                }
+                e.handle_datagram(self.now(), &dg);
+                self.flush_with(e, app);
+            }
+        }
+    }
+
+    /// Start receiving multicast group `gid` (its first QP here attached).
+    pub(crate) fn join_mcast(&self, gid: [u8; 16]) -> Result<()> {
+        let group = rxe_core::gid_to_ip(gid);
+        let sock = join_group(group, self.cfg.addr).map_err(|e| {
+            Error::Io(format!(
+                "cannot receive multicast group {group} on {}: {e}",
+                self.cfg.addr
+            ))
+        })?;
+        self.mcast
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((group, sock));
+        // The progress thread waits on the new socket from its next round.
+        self.wake();
+        Ok(())
+    }
+
+    /// Stop receiving group `gid` (its last QP here detached).
+    pub(crate) fn leave_mcast(&self, gid: [u8; 16]) {
+        let group = rxe_core::gid_to_ip(gid);
+        self.mcast
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(g, _)| *g != group);
     }
 
     /// The application polls: it drives the device itself until
@@ -843,19 +956,25 @@ impl Inner {
         self.to_daemon(&text);
     }
 
-    /// The fds to wait on: socket, wake pipe, and the daemon connection
-    /// until it has ended (after that it is always readable).
-    fn watched<'f>(&self, fds: &'f [std::os::fd::RawFd]) -> &'f [std::os::fd::RawFd] {
-        if self
+    /// The fds to wait on: the wake pipe, the daemon connection until it
+    /// has ended (after that it is always readable) and, with `data`, the
+    /// socket and the multicast sockets.
+    fn watched(&self, data: bool) -> Vec<std::os::fd::RawFd> {
+        let mut fds = vec![self.wake_rx.as_raw_fd()];
+        let failed = self
             .failed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some()
-        {
-            &fds[..2]
-        } else {
-            fds
+            .is_some();
+        if let Some(c) = self.control.as_ref().filter(|_| !failed) {
+            fds.push(c.as_raw_fd());
         }
+        if data {
+            fds.push(self.socket.as_raw_fd());
+            let groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+            fds.extend(groups.iter().map(|(_, s)| s.as_raw_fd()));
+        }
+        fds
     }
 
     /// `Err` once the device has failed (its daemon is gone).
@@ -869,11 +988,6 @@ impl Inner {
     fn progress_loop(self: Arc<Self>) {
         let mut buf = vec![0u8; 65536];
         let mut wbuf = [0u8; 64];
-        let mut fds = vec![self.socket.as_raw_fd(), self.wake_rx.as_raw_fd()];
-        if let Some(c) = &self.control {
-            fds.push(c.as_raw_fd());
-        }
-        let fds = fds;
         while !self.stop.load(Ordering::SeqCst) {
             while self.wake_rx.recv(&mut wbuf).is_ok() {}
             self.check_control();
@@ -889,7 +1003,7 @@ impl Inner {
                 // saw no flag and sent no wake: check again after it.
                 if self.app_spinning(self.now()).is_some() && !self.stop.load(Ordering::SeqCst) {
                     let wait = until.saturating_duration_since(self.now());
-                    crate::sys::wait_readable(&self.watched(&fds)[1..], Some(wait));
+                    crate::sys::wait_readable(&self.watched(false), Some(wait));
                 }
                 self.spin_sleeping.store(false, Ordering::SeqCst);
                 continue;
@@ -923,7 +1037,7 @@ impl Inner {
             // A deadline set after `deadline` was read but before
             // `sleeping_until` was published did not wake us: look once more.
             if self.lock().poll_timeout().is_none_or(|d| d >= now + wait) {
-                crate::sys::wait_readable(self.watched(&fds), Some(wait));
+                crate::sys::wait_readable(&self.watched(true), Some(wait));
             }
             self.sleeping_until.store(0, Ordering::Release);
         }
@@ -1007,6 +1121,7 @@ impl Device {
             crate::sys::set_dont_fragment(o.socket.as_raw_fd())
                 .map_err(|e| Error::Io(format!("slot socket: {e}")))?;
         }
+        set_multicast_if(&socket2::SockRef::from(&o.socket), info.addr);
         let mut ecfg = EngineConfig::new(cfg.addr);
         ecfg.key_seed = info.key_seed;
         ecfg.qpn_range = (info.qpn_lo, info.qpn_hi);
@@ -1049,6 +1164,7 @@ impl Device {
             mtu,
             socket,
             senders: Mutex::new(HashMap::new()),
+            mcast: Mutex::new(Vec::new()),
             faults: Mutex::new(faults),
             epoch: std::time::Instant::now(),
             stop: AtomicBool::new(false),

@@ -713,6 +713,36 @@ impl QueuePair {
         Ok(())
     }
 
+    /// `ibv_attach_mcast`: this UD QP receives the multicast group `gid`
+    /// (an IPv4-mapped class D GID or an ff00::/8 GID; `lid` is unused on
+    /// RoCE). The device starts receiving the group's address when its
+    /// first QP joins. Attaching twice is a no-op.
+    pub fn attach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
+        self.dev.inner.check_alive()?;
+        let mut e = self.dev.inner.lock();
+        if e.attach_mcast(self.qpn, gid)? {
+            if let Err(err) = self.dev.inner.join_mcast(gid) {
+                let _ = e.detach_mcast(self.qpn, gid);
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: EINVAL if the QP is not attached to `gid`.
+    pub fn detach_mcast(&self, gid: [u8; 16], _lid: u16) -> Result<()> {
+        let mut e = self.dev.inner.lock();
+        if e.detach_mcast(self.qpn, gid)? {
+            self.dev.inner.leave_mcast(gid);
+        }
+        Ok(())
+    }
+
+    /// The multicast groups this QP is attached to.
+    pub fn mcast_groups(&self) -> Vec<[u8; 16]> {
+        self.dev.inner.lock().qp_mcast_groups(self.qpn)
+    }
+
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let mut e = self.dev.inner.lock();
@@ -728,6 +758,12 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let mut e = self.dev.inner.lock();
+        // Dropped while attached: leave its groups, as the kernel detaches
+        // the QPs of a process that exits. (`ibv_destroy_qp` refuses with
+        // EBUSY instead; the C layer checks `mcast_groups` first.)
+        for gid in e.detach_all_mcast(self.qpn) {
+            self.dev.inner.leave_mcast(gid);
+        }
         let _ = e.destroy_qp(self.qpn);
         // Responses a poll held back leave now (the peer waits for them).
         self.dev.inner.flush(&mut e);

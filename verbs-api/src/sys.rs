@@ -1,5 +1,6 @@
-//! The one system call std does not wrap: waiting on several fds with a
-//! sub-millisecond timeout.
+//! System calls std does not wrap: waiting on several fds with a
+//! sub-millisecond timeout, IP_MTU_DISCOVER, and finding an address's
+//! interface index.
 
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -57,4 +58,56 @@ pub(crate) fn set_dont_fragment(fd: RawFd) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// The index of the interface that holds `addr` (for IPv6 multicast, which
+/// names interfaces by index), if any.
+pub(crate) fn ifindex_of(addr: std::net::IpAddr) -> Option<u32> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `list` on success; we free
+    // it with freeifaddrs below and never use it afterwards.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = list;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until
+        // freeifaddrs; its `ifa_addr` is null or points to a sockaddr whose
+        // family says which sockaddr_* it is; `ifa_name` is a C string.
+        unsafe {
+            let ifa = &*p;
+            let sa = ifa.ifa_addr;
+            let here = if sa.is_null() {
+                None
+            } else {
+                match i32::from((*sa).sa_family) {
+                    libc::AF_INET => {
+                        let s = &*(sa as *const libc::sockaddr_in);
+                        Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(
+                            u32::from_be(s.sin_addr.s_addr),
+                        )))
+                    }
+                    libc::AF_INET6 => {
+                        let s = &*(sa as *const libc::sockaddr_in6);
+                        Some(std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                            s.sin6_addr.s6_addr,
+                        )))
+                    }
+                    _ => None,
+                }
+            };
+            if here == Some(addr) {
+                let i = libc::if_nametoindex(ifa.ifa_name);
+                if i != 0 {
+                    found = Some(i);
+                    break;
+                }
+            }
+            p = ifa.ifa_next;
+        }
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found
 }

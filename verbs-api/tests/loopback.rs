@@ -1038,3 +1038,165 @@ fn device_list_open_by_name_and_query_port() {
         "gone once dropped"
     );
 }
+
+/// INIT -> RTR -> RTS for a UD QP with Q_Key `qkey`.
+fn ud_ready(qp: &QueuePair, qkey: u32) {
+    qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Rtr),
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Rts),
+            sq_psn: 1,
+            ..QpAttr::default()
+        },
+        M::STATE | M::SQ_PSN,
+    )
+    .unwrap();
+}
+
+/// UD multicast over real sockets: a SEND to a group reaches every QP
+/// attached to it, on the sender's device and on another one, each QP
+/// consuming its own receive WQE, with the group as the GRH destination;
+/// a QP that left gets nothing more.
+#[test]
+fn ud_multicast_over_udp() {
+    let group_ip = std::net::Ipv4Addr::new(239, 77, 5, 1);
+    let group = group_ip.to_ipv6_mapped().octets();
+    let a = side("127.0.5.1", QpType::Ud, None);
+    let dev_b = Device::open(DeviceConfig::new("127.0.5.2".parse().unwrap())).unwrap();
+    let pd_b = dev_b.alloc_pd().unwrap();
+    let cq_b = dev_b.create_cq(64).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let a2 =
+        a.pd.create_qp(QpType::Ud, &a.cq, &a.cq, None, cap, false)
+            .unwrap();
+    let b: Vec<QueuePair> = (0..3)
+        .map(|_| {
+            pd_b.create_qp(QpType::Ud, &cq_b, &cq_b, None, cap, false)
+                .unwrap()
+        })
+        .collect();
+    for qp in [&a.qp, &a2, &b[0], &b[1], &b[2]] {
+        ud_ready(qp, 0x4242);
+    }
+    // Only UD QPs, only multicast GIDs.
+    let rc = pd_b
+        .create_qp(QpType::Rc, &cq_b, &cq_b, None, cap, false)
+        .unwrap();
+    assert!(rc.attach_mcast(group, 0).is_err());
+    assert!(b[0].attach_mcast(dev_b.gid(), 0).is_err());
+    for qp in [&a2, &b[0], &b[1]] {
+        qp.attach_mcast(group, 0).unwrap();
+    }
+    assert_eq!(b[0].mcast_groups(), vec![group]);
+
+    let mut rbuf = vec![0u8; 8 * 1100];
+    let rmr_b = pd_b.reg_mr(&mut rbuf, ALL).unwrap();
+    let mut abuf = vec![0u8; 8 * 1100];
+    let rmr_a = a.pd.reg_mr(&mut abuf, ALL).unwrap();
+    for i in 0..4u64 {
+        for (k, qp) in b.iter().enumerate() {
+            qp.post_recv(RecvWr {
+                wr_id: k as u64 * 100 + i,
+                sg_list: vec![rmr_b.sge(0, 1100)],
+            })
+            .unwrap();
+        }
+        a2.post_recv(RecvWr {
+            wr_id: 900 + i,
+            sg_list: vec![rmr_a.sge(i * 1100, 1100)],
+        })
+        .unwrap();
+    }
+    let mut sbuf = pattern(1000, 9);
+    let smr = a.pd.reg_mr(&mut sbuf, ALL).unwrap();
+    let ah =
+        a.pd.create_ah(&AhAttr {
+            dgid: group,
+            sgid_index: a.dev.gid_index(),
+            is_global: true,
+            port_num: 1,
+            ..AhAttr::default()
+        })
+        .unwrap();
+    let send = |id: u64| {
+        let mut wr = SendWr::new(
+            id,
+            SendOp::SendWithImm { imm: id as u32 },
+            vec![smr.sge(0, 1000)],
+        );
+        wr.ud = Some(UdDest {
+            ah: ah.handle(),
+            remote_qpn: 0x00ff_ffff,
+            remote_qkey: 0x4242,
+        });
+        a.qp.post_send(wr).unwrap();
+    };
+    for id in 0..2 {
+        send(id);
+    }
+    // a's send CQ is also a2's receive CQ: 2 sends + 2 receives.
+    let wa = a.cq.wait(4, WAIT).unwrap();
+    let wb = cq_b.wait(4, WAIT).unwrap();
+    assert!(
+        wa.iter().chain(&wb).all(|w| w.status == WcStatus::Success),
+        "{wa:?} {wb:?}"
+    );
+    let recvs_a: Vec<_> = wa.iter().filter(|w| w.opcode == WcOpcode::Recv).collect();
+    assert_eq!(recvs_a.len(), 2, "a2, on the sender's device, gets each");
+    for (k, qp) in b.iter().enumerate().take(2) {
+        let got: Vec<_> = wb.iter().filter(|w| w.qp_num == qp.qpn()).collect();
+        assert_eq!(got.len(), 2, "QP {k} gets each message once");
+        for w in got {
+            assert_eq!(w.byte_len, 1040);
+            assert_eq!(w.src_qp, a.qp.qpn());
+            assert!(w.wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+        }
+    }
+    drop(rmr_a);
+    assert_eq!(
+        &abuf[36..40],
+        &group_ip.octets(),
+        "GRH destination: the group"
+    );
+    assert_eq!(&abuf[40..1040], &pattern(1000, 9)[..]);
+    assert_eq!(&abuf[1100 + 40..1100 + 1040], &pattern(1000, 9)[..]);
+
+    // b[1] leaves; b[0] is dropped while attached (it leaves with it).
+    b[1].detach_mcast(group, 0).unwrap();
+    assert!(b[1].detach_mcast(group, 0).is_err(), "no longer attached");
+    let mut b = b;
+    drop(b.remove(0));
+    send(7);
+    assert_eq!(a.cq.wait(2, WAIT).unwrap().len(), 2, "send + a2's copy");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        cq_b.poll(16).unwrap().is_empty(),
+        "nobody on b is in the group"
+    );
+    // One copy per datagram reached device b (its group socket), fanned out
+    // to its members; after they left, its socket closed and saw nothing.
+    assert_eq!(dev_b.counters().rcvd_pkts, 2);
+}
