@@ -516,6 +516,9 @@ pub unsafe extern "C" fn query_device_ex(
         // (bit 40), which rxe has since Linux 6.2 and rxe-emu supports.
         ex.phys_port_cnt_ex = 1;
         ex.device_cap_flags_ex = u64::from(RXE_DEVICE_CAP_FLAGS) | (1 << 40);
+        // Device memory, which kernel rxe lacks: process memory owned by
+        // the library (see dm.rs).
+        ex.max_dm_size = crate::dm::MAX_DM_SIZE;
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has attr_size bytes; we copy at most
         // that many from ours.

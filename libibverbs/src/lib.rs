@@ -30,6 +30,8 @@
 
 mod abi;
 mod device;
+mod dm;
+mod domain;
 mod objects;
 mod post;
 mod strings;

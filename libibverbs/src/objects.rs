@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use rxe_core::{AccessFlags, MwType, QpState, QpType, SrqAttr, WorkCompletion};
@@ -33,6 +34,12 @@ pub fn fill_ops(v: &mut verbs_context) {
     v.create_qp_ex = Some(create_qp_ex);
     v.create_srq_ex = Some(create_srq_ex);
     v.get_srq_num = Some(get_srq_num);
+    v.alloc_parent_domain = Some(crate::domain::alloc_parent_domain);
+    v.alloc_td = Some(crate::domain::alloc_td);
+    v.dealloc_td = Some(crate::domain::dealloc_td);
+    v.alloc_dm = Some(crate::dm::alloc_dm);
+    v.free_dm = Some(crate::dm::free_dm);
+    v.reg_dm_mr = Some(crate::dm::reg_dm_mr);
 }
 
 fn null_with<T>(e: c_int) -> *mut T {
@@ -43,10 +50,21 @@ fn null_with<T>(e: c_int) -> *mut T {
 // ---------------------------------------------------------------------------
 // PD
 
+/// A PD or a parent domain (`ibv_alloc_parent_domain`): both are an
+/// `ibv_pd` to the program, usable wherever a PD is.
 #[repr(C)]
 pub struct Pd {
     pub ibv: ibv_pd,
+    /// For a parent domain, a non-owning handle on its protection
+    /// domain's PD, so every verb that takes a PD works on it unchanged.
     pub pd: ProtectionDomain,
+    /// `Some` for a parent domain.
+    pub parent: Option<crate::domain::ParentDomain>,
+    /// For a PD, the parent domains built on it; for a parent domain, the
+    /// objects created through it (QP, CQ, SRQ, MR, MW, AH). Freeing
+    /// either while this is not zero fails with EBUSY, as in rdma-core's
+    /// providers.
+    pub users: AtomicU32,
 }
 
 /// # Safety
@@ -54,6 +72,47 @@ pub struct Pd {
 pub unsafe fn pd<'a>(p: *mut ibv_pd) -> &'a Pd {
     // SAFETY: ibv_pd is the first field of the repr(C) Pd.
     unsafe { &*(p as *const Pd) }
+}
+
+/// Count one more object created through `p` if it is a parent domain
+/// (a plain PD's users are counted by the engine).
+///
+/// # Safety
+/// `p` must be NULL or a live PD.
+pub unsafe fn hold_pd(p: *mut ibv_pd) {
+    if !p.is_null() {
+        // SAFETY: a live PD.
+        let pdo = unsafe { pd(p) };
+        if pdo.parent.is_some() {
+            pdo.users.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// `obj.with_hold(p)`: [`hold_pd`] for a just-created object of PD `p`.
+trait WithHold: Sized {
+    /// # Safety
+    /// `p` must be NULL or a live PD.
+    unsafe fn with_hold(self, p: *mut ibv_pd) -> Self {
+        // SAFETY: forwarded caller contract.
+        unsafe { hold_pd(p) };
+        self
+    }
+}
+impl<T> WithHold for *mut T {}
+
+/// The object counted by [`hold_pd`] is gone.
+///
+/// # Safety
+/// `p` must be NULL or a live PD.
+pub unsafe fn release_pd(p: *mut ibv_pd) {
+    if !p.is_null() {
+        // SAFETY: a live PD.
+        let pdo = unsafe { pd(p) };
+        if pdo.parent.is_some() {
+            pdo.users.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 #[no_mangle]
@@ -72,6 +131,8 @@ pub unsafe extern "C" fn rxe_ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
                         handle: pd.handle(),
                     },
                     pd,
+                    parent: None,
+                    users: AtomicU32::new(0),
                 });
                 Box::into_raw(b) as *mut ibv_pd
             }
@@ -86,16 +147,51 @@ pub unsafe extern "C" fn rxe_ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
         return libc::EINVAL;
     }
     guard("ibv_dealloc_pd", libc::EIO, || {
+        {
+            // SAFETY: a live PD we handed out.
+            let pdo = unsafe { pd(p) };
+            let users = pdo.users.load(Ordering::Acquire);
+            if users != 0 {
+                debug(|| {
+                    if pdo.parent.is_some() {
+                        format!("ibv_dealloc_pd: parent domain still used by {users} objects")
+                    } else {
+                        format!("ibv_dealloc_pd: PD still used by {users} parent domains")
+                    }
+                });
+                return libc::EBUSY;
+            }
+        }
         // SAFETY: a PD we handed out; ownership comes back here.
         let b = unsafe { Box::from_raw(p as *mut Pd) };
-        let Pd { ibv, pd } = *b;
+        let Pd {
+            ibv,
+            pd,
+            parent,
+            users,
+        } = *b;
+        if let Some(parent) = parent {
+            // A parent domain: its ProtectionDomain does not own the PD.
+            parent.release();
+            return 0;
+        }
         match pd.close() {
             Ok(()) => 0,
             Err((pd, e)) => {
                 // Still in use: the PD stays valid where it was.
                 let errno = fail("ibv_dealloc_pd", &e);
                 // SAFETY: put the object back at its address.
-                unsafe { std::ptr::write(p as *mut Pd, Pd { ibv, pd }) };
+                unsafe {
+                    std::ptr::write(
+                        p as *mut Pd,
+                        Pd {
+                            ibv,
+                            pd,
+                            parent,
+                            users,
+                        },
+                    )
+                };
                 errno
             }
         }
@@ -116,6 +212,8 @@ pub unsafe extern "C" fn rxe_ibv_import_pd(c: *mut ibv_context, handle: u32) -> 
             Ok(pd) => Box::into_raw(Box::new(Pd {
                 ibv: ibv_pd { context: c, handle },
                 pd,
+                parent: None,
+                users: AtomicU32::new(0),
             })) as *mut ibv_pd,
             Err(e) => null_with(fail("ibv_import_pd", &e)),
         }
@@ -142,12 +240,15 @@ pub unsafe extern "C" fn rxe_ibv_unimport_pd(p: *mut ibv_pd) {
 pub struct Mr {
     pub ibv: ibv_mr,
     pub mr: MemoryRegion<'static>,
+    /// The device memory this MR maps (`ibv_reg_dm_mr`); the DM cannot be
+    /// freed while the MR exists.
+    pub dm: Option<std::sync::Arc<crate::dm::DmMem>>,
 }
 
 /// `IBV_ACCESS_OPTIONAL_RANGE`: flags a device may ignore.
 const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
-fn access_flags(access: c_int) -> Result<AccessFlags, c_int> {
+pub(crate) fn access_flags(access: c_int) -> Result<AccessFlags, c_int> {
     let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
     // The device reports no ODP capabilities, so, as the kernel's
     // ib_check_mr_access does for such a device, ODP is refused.
@@ -194,7 +295,10 @@ unsafe fn reg_mr(
                         rkey: mr.rkey(),
                     },
                     mr,
+                    dm: None,
                 });
+                // SAFETY: the live PD the MR was registered in.
+                unsafe { hold_pd(p) };
                 Box::into_raw(b) as *mut ibv_mr
             }
             Err(e) => null_with(fail("ibv_reg_mr", &e)),
@@ -260,13 +364,19 @@ pub unsafe extern "C" fn rxe_ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     guard("ibv_dereg_mr", libc::EIO, || {
         // SAFETY: an MR we handed out; ownership comes back here.
         let b = unsafe { Box::from_raw(m as *mut Mr) };
-        let Mr { ibv, mr } = *b;
+        let Mr { ibv, mr, dm } = *b;
         match mr.close() {
-            Ok(()) => 0,
+            Ok(()) => {
+                // SAFETY: the MR's PD outlives it (freeing it fails with
+                // EBUSY while the MR exists).
+                unsafe { release_pd(ibv.pd) };
+                crate::dm::release_dm(dm);
+                0
+            }
             Err((mr, e)) => {
                 let errno = fail("ibv_dereg_mr", &e);
                 // SAFETY: put the object back at its address.
-                unsafe { std::ptr::write(m as *mut Mr, Mr { ibv, mr }) };
+                unsafe { std::ptr::write(m as *mut Mr, Mr { ibv, mr, dm }) };
                 errno
             }
         }
@@ -295,6 +405,7 @@ pub unsafe extern "C" fn rxe_ibv_import_mr(p: *mut ibv_pd, handle: u32) -> *mut 
                     rkey: mr.rkey(),
                 },
                 mr,
+                dm: None,
             })) as *mut ibv_mr,
             Err(e) => null_with(fail("ibv_import_mr", &e)),
         }
@@ -357,6 +468,12 @@ pub unsafe extern "C" fn rxe_ibv_rereg_mr(
     guard("ibv_rereg_mr", REREG_ERR_INPUT, || {
         // SAFETY: an MR we handed out and the caller's PD, both live.
         let mo = unsafe { &mut *(m as *mut Mr) };
+        if mo.dm.is_some() {
+            // As the kernel's ib_uverbs_rereg_mr: a device-memory MR
+            // cannot be re-registered.
+            debug(|| "ibv_rereg_mr: an MR of device memory cannot be re-registered".into());
+            return fail_input(libc::EINVAL);
+        }
         let new_pd = (flags & REREG_PD != 0).then(|| unsafe { pd(p) });
         if let Some(np) = new_pd {
             if np.ibv.context != mo.ibv.context {
@@ -369,6 +486,11 @@ pub unsafe extern "C" fn rxe_ibv_rereg_mr(
         match unsafe { mo.mr.rereg_raw(new_pd.map(|x| &x.pd), range, new_access) } {
             Ok(()) => {
                 if flags & REREG_PD != 0 {
+                    // SAFETY: both PDs are live; the MR moves to the new one.
+                    unsafe {
+                        hold_pd(p);
+                        release_pd(mo.ibv.pd);
+                    }
                     mo.ibv.pd = p;
                 }
                 if flags & REREG_TRANSLATION != 0 {
@@ -404,16 +526,21 @@ unsafe extern "C" fn alloc_mw(p: *mut ibv_pd, ty: c_int) -> *mut ibv_mw {
         // SAFETY: a live PD.
         let pdo = unsafe { pd(p) };
         match pdo.pd.alloc_mw(mw_type) {
-            Ok(mw) => Box::into_raw(Box::new(Mw {
-                ibv: ibv_mw {
-                    context: pdo.ibv.context,
-                    pd: p,
-                    rkey: mw.rkey(),
-                    handle: mw.rkey(),
-                    type_: ty,
-                },
-                mw: Mutex::new(mw),
-            })) as *mut ibv_mw,
+            Ok(mw) => {
+                let ptr = Box::into_raw(Box::new(Mw {
+                    ibv: ibv_mw {
+                        context: pdo.ibv.context,
+                        pd: p,
+                        rkey: mw.rkey(),
+                        handle: mw.rkey(),
+                        type_: ty,
+                    },
+                    mw: Mutex::new(mw),
+                }))
+                .cast::<ibv_mw>();
+                // SAFETY: the live PD the object was created in.
+                unsafe { ptr.with_hold(p) }
+            }
             Err(e) => null_with(fail("ibv_alloc_mw", &e)),
         }
     })
@@ -428,7 +555,11 @@ unsafe extern "C" fn dealloc_mw(w: *mut ibv_mw) -> c_int {
         let b = unsafe { Box::from_raw(w as *mut Mw) };
         let Mw { ibv, mw } = *b;
         match mw.into_inner().unwrap_or_else(|p| p.into_inner()).close() {
-            Ok(()) => 0,
+            Ok(()) => {
+                // SAFETY: the window's PD outlives it.
+                unsafe { release_pd(ibv.pd) };
+                0
+            }
             Err((mw, e)) => {
                 let errno = fail("ibv_dealloc_mw", &e);
                 // SAFETY: put the object back at its address.
@@ -620,6 +751,8 @@ pub struct Cq {
     pub cq: CompletionQueue,
     pub ex: Mutex<CqExPoll>,
     pub channel: *mut ibv_comp_channel,
+    /// The parent domain given with `IBV_CQ_INIT_ATTR_MASK_PD`, or NULL.
+    pub parent_domain: *mut ibv_pd,
 }
 
 /// # Safety
@@ -639,6 +772,7 @@ unsafe fn create_cq_common(
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
+    parent_domain: *mut ibv_pd,
 ) -> *mut ibv_cq_ex {
     if c.is_null() || cqe <= 0 {
         return null_with(libc::EINVAL);
@@ -678,7 +812,10 @@ unsafe fn create_cq_common(
             cur: None,
         }),
         channel,
+        parent_domain,
     }));
+    // SAFETY: NULL or a live parent domain (checked by create_cq_ex).
+    unsafe { hold_pd(parent_domain) };
     if !channel.is_null() {
         // SAFETY: a live channel.
         unsafe { (*channel).refcnt += 1 };
@@ -701,9 +838,21 @@ pub unsafe extern "C" fn rxe_ibv_create_cq(
 ) -> *mut ibv_cq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
         // SAFETY: forwarded caller contract.
-        unsafe { create_cq_common(c, cqe, cq_context, channel, comp_vector) as *mut ibv_cq }
+        unsafe {
+            create_cq_common(
+                c,
+                cqe,
+                cq_context,
+                channel,
+                comp_vector,
+                std::ptr::null_mut(),
+            ) as *mut ibv_cq
+        }
     })
 }
+
+/// `IBV_CQ_INIT_ATTR_MASK_PD`: `parent_domain` is set.
+const CQ_INIT_ATTR_MASK_PD: u32 = 2;
 
 unsafe extern "C" fn create_cq_ex(
     c: *mut ibv_context,
@@ -729,6 +878,25 @@ unsafe extern "C" fn create_cq_ex(
         if a.comp_mask & !0x3 != 0 {
             return null_with(libc::EINVAL);
         }
+        let parent_domain = if a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 {
+            // As mlx5 (the provider that has parent domains): the PD
+            // given must be a parent domain of this context.
+            // SAFETY: a non-NULL PD of the program.
+            let ok = !a.parent_domain.is_null()
+                && unsafe {
+                    let pdo = pd(a.parent_domain);
+                    pdo.parent.is_some() && pdo.ibv.context == c
+                };
+            if !ok {
+                debug(|| {
+                    "ibv_create_cq_ex: IBV_CQ_INIT_ATTR_MASK_PD needs a parent domain of this context".into()
+                });
+                return null_with(libc::EINVAL);
+            }
+            a.parent_domain
+        } else {
+            std::ptr::null_mut()
+        };
         // SAFETY: forwarded caller contract.
         unsafe {
             create_cq_common(
@@ -737,6 +905,7 @@ unsafe extern "C" fn create_cq_ex(
                 a.cq_context,
                 a.channel,
                 a.comp_vector as c_int,
+                parent_domain,
             )
         }
     })
@@ -774,6 +943,7 @@ pub unsafe extern "C" fn rxe_ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
             cq: cqo,
             ex,
             channel,
+            parent_domain,
         } = *b;
         let id = cqo.id().0;
         match cqo.close() {
@@ -789,6 +959,8 @@ pub unsafe extern "C" fn rxe_ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
                     // SAFETY: a channel outlives the CQs that count on it.
                     unsafe { (*channel).refcnt -= 1 };
                 }
+                // SAFETY: the CQ's parent domain outlives it.
+                unsafe { release_pd(parent_domain) };
                 0
             }
             Err((cqo, e)) => {
@@ -802,6 +974,7 @@ pub unsafe extern "C" fn rxe_ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
                             cq: cqo,
                             ex,
                             channel,
+                            parent_domain,
                         },
                     )
                 };
@@ -871,6 +1044,8 @@ unsafe fn create_srq_common(
     ibv.pd = p;
     ibv.handle = h;
     let ptr = Box::into_raw(Box::new(Srq { ibv, srq: s }));
+    // SAFETY: the live PD the SRQ was created in.
+    unsafe { hold_pd(p) };
     // SAFETY: live context.
     unsafe { ctx(c) }
         .reg
@@ -996,6 +1171,8 @@ pub unsafe extern "C" fn rxe_ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
         let h = so.handle().0;
         match so.close() {
             Ok(()) => {
+                // SAFETY: the SRQ's PD outlives it.
+                unsafe { release_pd(ibv.pd) };
                 // SAFETY: the context outlives its SRQs.
                 unsafe { ctx(ibv.context) }
                     .reg
@@ -1107,6 +1284,8 @@ unsafe fn create_qp_common(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> *mut ibv
         build: Mutex::new(crate::post::WrBuild::default()),
         sq_sig_all: sq_sig_all != 0,
     }));
+    // SAFETY: the live PD the QP was created in.
+    unsafe { hold_pd(p) };
     // SAFETY: live context.
     unsafe { ctx(c) }
         .reg
@@ -1318,7 +1497,10 @@ pub unsafe extern "C" fn rxe_ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
             .unwrap_or_else(|p| p.into_inner())
             .qps
             .remove(&qpn);
+        let p = b.ibv.qp_base.pd;
         drop(b);
+        // SAFETY: the QP's PD outlives it.
+        unsafe { release_pd(p) };
         0
     })
 }
@@ -1378,14 +1560,19 @@ pub unsafe extern "C" fn rxe_ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_att
             return null_with(libc::EINVAL);
         }
         match pdo.pd.create_ah(&crate::post::ah_attr_from_c(a)) {
-            Ok(ah) => Box::into_raw(Box::new(Ah {
-                ibv: ibv_ah {
-                    context: pdo.ibv.context,
-                    pd: p,
-                    handle: ah.handle().0,
-                },
-                ah,
-            })) as *mut ibv_ah,
+            Ok(ah) => {
+                let ptr = Box::into_raw(Box::new(Ah {
+                    ibv: ibv_ah {
+                        context: pdo.ibv.context,
+                        pd: p,
+                        handle: ah.handle().0,
+                    },
+                    ah,
+                }))
+                .cast::<ibv_ah>();
+                // SAFETY: the live PD the object was created in.
+                unsafe { ptr.with_hold(p) }
+            }
             Err(e) => null_with(fail("ibv_create_ah", &e)),
         }
     })
@@ -1396,9 +1583,15 @@ pub unsafe extern "C" fn rxe_ibv_destroy_ah(a: *mut ibv_ah) -> c_int {
     if a.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: an AH we handed out; ownership comes back here.
-    drop(unsafe { Box::from_raw(a as *mut Ah) });
-    0
+    guard("ibv_destroy_ah", libc::EIO, || {
+        // SAFETY: an AH we handed out; ownership comes back here.
+        let b = unsafe { Box::from_raw(a as *mut Ah) };
+        let p = b.ibv.pd;
+        drop(b);
+        // SAFETY: the AH's PD outlives it.
+        unsafe { release_pd(p) };
+        0
+    })
 }
 
 /// `ibv_init_ah_from_wc`: the address vector that answers the sender of a

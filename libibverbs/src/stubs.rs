@@ -114,14 +114,6 @@ pub unsafe extern "C" fn rxe___verbs_log(_ctx: *mut c_void, _level: u32, _fmt: *
 
 // --- public verbs rxe does not support --------------------------------------
 
-#[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_import_dm(_c: *mut c_void, _h: u32) -> *mut c_void {
-    crate::set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
-}
-#[no_mangle]
-pub unsafe extern "C" fn rxe_ibv_unimport_dm(_dm: *mut c_void) {}
-
 /// ECE (enhanced connection establishment) is an mlx5 feature; kernel rxe
 /// answers EOPNOTSUPP.
 #[no_mangle]

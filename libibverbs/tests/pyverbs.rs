@@ -48,6 +48,27 @@ const MUST_PASS: &[&str] = &[
     "test_create_rc_qp_ex_no_attr",
     // Kernel rxe 6.1 errors here (no ATOMIC WRITE before Linux 6.2).
     "test_qp_ex_rc_atomic_write",
+    // Device memory, which kernel rxe lacks (process memory here).
+    "test_create_dm",
+    "test_destroy_dm",
+    "test_create_dm_bad_flow",
+    "test_destroy_dm_bad_flow",
+    "test_dm_write",
+    "test_dm_write_bad_flow",
+    "test_dm_read",
+    "test_multi_process_alloc_dm",
+    "test_import_dm",
+    "test_create_dm_mr",
+    "test_dm_bad_access",
+    "test_dm_bad_registration",
+    "test_dm_traffic",
+    "test_dm_remote_traffic",
+    // Parent domains, which kernel rxe lacks.
+    "test_without_allocators_rc_traffic",
+    "test_default_allocators_rc_traffic",
+    "test_mem_align_rc_traffic",
+    "test_mem_align_ud_traffic",
+    "test_mem_align_srq_excq_rc_traffic",
 ];
 
 #[test]
@@ -79,7 +100,13 @@ fn rdma_core_test_suite_passes_on_rxe0() {
             current = l.split(' ').next().unwrap_or("");
         }
         for r in ["ok", "ERROR", "FAIL", "skipped", "expected failure"] {
-            if l.ends_with(&format!("... {r}")) || l.contains(&format!("... {r} ")) {
+            // A warning printed by the test (DeprecationWarning in
+            // test_device.py) pushes the result onto a line of its own.
+            if l.ends_with(&format!("... {r}"))
+                || l.contains(&format!("... {r} "))
+                || l == r
+                || l.starts_with(&format!("{r} '"))
+            {
                 results.push((current, r));
             }
         }
@@ -104,6 +131,6 @@ fn rdma_core_test_suite_passes_on_rxe0() {
         assert!(passed.contains(t), "{t} did not pass:\n{log}");
     }
     // Kernel rxe (Linux 6.1) passes 86; rxe-emu passes those and more.
-    assert!(passed.len() >= 92, "only {} passed:\n{log}", passed.len());
+    assert!(passed.len() >= 111, "only {} passed:\n{log}", passed.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
