@@ -130,6 +130,7 @@ pub type AllocParentDomainFn =
 pub type ModifyCqFn = unsafe extern "C" fn(*mut ibv_cq, *mut c_void) -> c_int;
 pub type AllocNullMrFn = unsafe extern "C" fn(*mut ibv_pd) -> *mut ibv_mr;
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> c_int;
+pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, c_uint, u32, *mut ibv_sge, u32) -> c_int;
 pub type AllocDmFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
 pub type FreeDmFn = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
 pub type RegDmMrFn =
@@ -138,7 +139,7 @@ pub type RegDmMrFn =
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    pub advise_mr: Compat,
+    pub advise_mr: Option<AdviseMrFn>,
     pub alloc_null_mr: Option<AllocNullMrFn>,
     pub read_counters: Compat,
     pub attach_counters_point_flow: Compat,

@@ -510,7 +510,8 @@ pub unsafe extern "C" fn query_device_ex(
         // SAFETY: live context.
         fill_device_attr(unsafe { ctx(c) }, &mut ex.orig_attr);
         // Kernel rxe reports no extended capabilities beyond the basic
-        // attributes (no ODP, TSO, RSS, pacing, tag matching, DM); the
+        // attributes (no ODP, TSO, RSS, pacing, tag matching, DM; rxe-emu
+        // adds DM and ODP below); the
         // port count is repeated in phys_port_cnt_ex. The 64-bit flags
         // repeat device_cap_flags, plus IB_UVERBS_DEVICE_ATOMIC_WRITE
         // (bit 40), which rxe has since Linux 6.2 and rxe-emu supports.
@@ -519,6 +520,20 @@ pub unsafe extern "C" fn query_device_ex(
         // Device memory, which kernel rxe lacks: process memory owned by
         // the library (see dm.rs).
         ex.max_dm_size = crate::dm::MAX_DM_SIZE;
+        // On-demand paging, which kernel rxe 6.1 lacks: an ODP MR's pages
+        // are checked as they are touched (verbs-api HostMemory), and an
+        // implicit MR covers the whole address space. No XRC, so no XRC
+        // capabilities.
+        const SEND: u32 = 1;
+        const RECV: u32 = 1 << 1;
+        const WRITE: u32 = 1 << 2;
+        const READ: u32 = 1 << 3;
+        const ATOMIC: u32 = 1 << 4;
+        const SRQ_RECV: u32 = 1 << 5;
+        ex.odp_caps.general_caps = 1 | (1 << 1); // IBV_ODP_SUPPORT | _IMPLICIT
+        ex.odp_caps.rc_odp_caps = SEND | RECV | WRITE | READ | ATOMIC | SRQ_RECV;
+        ex.odp_caps.uc_odp_caps = SEND | RECV | WRITE | SRQ_RECV;
+        ex.odp_caps.ud_odp_caps = SEND | RECV | SRQ_RECV;
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has attr_size bytes; we copy at most
         // that many from ours.

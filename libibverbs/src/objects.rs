@@ -37,9 +37,53 @@ pub fn fill_ops(v: &mut verbs_context) {
     v.alloc_parent_domain = Some(crate::domain::alloc_parent_domain);
     v.alloc_td = Some(crate::domain::alloc_td);
     v.dealloc_td = Some(crate::domain::dealloc_td);
+    v.advise_mr = Some(advise_mr);
     v.alloc_dm = Some(crate::dm::alloc_dm);
     v.free_dm = Some(crate::dm::free_dm);
     v.reg_dm_mr = Some(crate::dm::reg_dm_mr);
+}
+
+/// `ibv_advise_mr` (verbs_context op): prefetch advice for ranges of
+/// on-demand-paging MRs. PREFETCH and PREFETCH_WRITE fault the pages in
+/// now; PREFETCH_NO_FAULT only validates. Flags: IBV_ADVISE_MR_FLAG_FLUSH
+/// (wait until done, which this always does).
+unsafe extern "C" fn advise_mr(
+    p: *mut ibv_pd,
+    advice: c_uint,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    const PREFETCH: c_uint = 0;
+    const PREFETCH_WRITE: c_uint = 1;
+    const PREFETCH_NO_FAULT: c_uint = 2;
+    const FLAG_FLUSH: u32 = 1;
+    if p.is_null() || (sg_list.is_null() && num_sge > 0) || num_sge == 0 {
+        return libc::EINVAL;
+    }
+    if advice > PREFETCH_NO_FAULT || flags & !FLAG_FLUSH != 0 {
+        debug(|| format!("ibv_advise_mr: unknown advice {advice} or flags {flags:#x}"));
+        return libc::EOPNOTSUPP;
+    }
+    guard("ibv_advise_mr", libc::EIO, || {
+        // SAFETY: the caller's array of `num_sge` SGEs (checked non-NULL).
+        let sges: Vec<rxe_core::Sge> =
+            unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) }
+                .iter()
+                .map(|s| rxe_core::Sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                })
+                .collect();
+        // SAFETY: a live PD.
+        let pdo = unsafe { pd(p) };
+        let fault_in = matches!(advice, PREFETCH | PREFETCH_WRITE);
+        match pdo.pd.advise_mr(&sges, fault_in) {
+            Ok(()) => 0,
+            Err(e) => fail("ibv_advise_mr", &e),
+        }
+    })
 }
 
 fn null_with<T>(e: c_int) -> *mut T {
@@ -250,12 +294,9 @@ const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
 pub(crate) fn access_flags(access: c_int) -> Result<AccessFlags, c_int> {
     let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
-    // The device reports no ODP capabilities, so, as the kernel's
-    // ib_check_mr_access does for such a device, ODP is refused.
-    if AccessFlags::from_bits_truncate(a).contains(AccessFlags::ON_DEMAND) {
-        debug(|| "reg_mr: IBV_ACCESS_ON_DEMAND: on-demand paging is not supported".into());
-        return Err(libc::EOPNOTSUPP);
-    }
+    // IBV_ACCESS_ON_DEMAND is accepted: the device reports ODP
+    // capabilities, and verbs-api's HostMemory checks each page of such an
+    // MR as it is touched (see query_device_ex and advise_mr).
     AccessFlags::from_bits(a).ok_or_else(|| {
         debug(|| format!("reg_mr: unknown access flags {a:#x}"));
         libc::EINVAL
@@ -269,13 +310,27 @@ unsafe fn reg_mr(
     iova: Option<u64>,
     access: c_int,
 ) -> *mut ibv_mr {
-    if p.is_null() || (addr.is_null() && len > 0) {
+    if p.is_null() {
         return null_with(libc::EINVAL);
     }
     let access = match access_flags(access) {
         Ok(a) => a,
         Err(e) => return null_with(e),
     };
+    // An implicit on-demand-paging MR (addr NULL, length SIZE_MAX) covers
+    // the whole address space; any other NULL registration is invalid.
+    // (verbs.h's ibv_reg_mr passes a non-constant access through
+    // ibv_reg_mr_iova2 with iova = addr = 0.)
+    let implicit = addr.is_null()
+        && len == usize::MAX
+        && iova.unwrap_or(0) == 0
+        && access.contains(AccessFlags::ON_DEMAND);
+    if addr.is_null() && len > 0 && !implicit {
+        debug(|| {
+            format!("ibv_reg_mr: NULL address with length {len} (only an implicit ODP MR, SIZE_MAX with IBV_ACCESS_ON_DEMAND, may be NULL)")
+        });
+        return null_with(libc::EINVAL);
+    }
     guard("ibv_reg_mr", std::ptr::null_mut(), || {
         // SAFETY: a live PD.
         let pdo = unsafe { pd(p) };

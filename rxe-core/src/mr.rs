@@ -32,7 +32,9 @@ bitflags! {
         const MW_BIND = 1 << 4;
         /// Remote addresses are offsets from 0, not the registered address.
         const ZERO_BASED = 1 << 5;
-        /// `IBV_ACCESS_ON_DEMAND` (accepted and ignored: memory is always present).
+        /// `IBV_ACCESS_ON_DEMAND`: the engine treats it as any MR; the
+        /// driver's memory backend checks each page of such an MR as it
+        /// is touched (verbs-api `HostMemory`).
         const ON_DEMAND = 1 << 6;
         /// `IBV_ACCESS_HUGETLB` (accepted and ignored).
         const HUGETLB = 1 << 7;

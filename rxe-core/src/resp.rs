@@ -178,12 +178,25 @@ pub(crate) fn continue_read<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) -> bool {
             tx::EmitError::Fill(f) => f.to_string(),
             tx::EmitError::Build(b) => b.to_string(),
         };
-        let f = fatal(
-            NakCode::RemoteOperationalError,
-            WcStatus::RemOpErr,
-            AsyncEventKind::QpFatal,
-            format!("READ data could not be read: {m}"),
-        );
+        // The memory under a valid rkey cannot be read (a page of an
+        // on-demand-paging MR that is no longer mapped): an access error,
+        // as later kernels' read_reply answers a failed copy
+        // (RESPST_ERR_RKEY_VIOLATION) and as a NIC answers a page fault it
+        // cannot resolve. Building the packet itself failing is ours.
+        let f = match e {
+            tx::EmitError::Fill(_) => fatal(
+                NakCode::RemoteAccessError,
+                WcStatus::RemAccessErr,
+                AsyncEventKind::QpAccessErr,
+                format!("RDMA READ: the MR's memory could not be read: {m}"),
+            ),
+            tx::EmitError::Build(_) => fatal(
+                NakCode::RemoteOperationalError,
+                WcStatus::RemOpErr,
+                AsyncEventKind::QpFatal,
+                format!("READ response could not be built: {m}"),
+            ),
+        };
         responder_fault(qp, ctx, psn, f);
         return false;
     }

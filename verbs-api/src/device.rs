@@ -1155,7 +1155,7 @@ impl Device {
         ecfg.port_mtu = mtu;
         let faults = cfg.fault.map(Faults::new);
         let inner = Arc::new(Inner {
-            engine: Mutex::new(Engine::new(ecfg, HostMemory)),
+            engine: Mutex::new(Engine::new(ecfg, HostMemory::default())),
             channels: Mutex::new(HashMap::new()),
             events: Mutex::new(std::collections::VecDeque::new()),
             event_tx,

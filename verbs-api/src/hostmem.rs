@@ -1,6 +1,7 @@
 //! The engine's memory backend for an in-process device: process virtual
 //! addresses. This is the only module of the crate with `unsafe` code.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rxe_core::mem::{AtomicOp, Memory, MemoryFault};
@@ -14,13 +15,86 @@ use rxe_core::mem::{AtomicOp, Memory, MemoryFault};
 /// the MR's lifetime `'a` and deregisters it in `Drop`: while the MR exists
 /// the bytes stay allocated and no safe Rust code can touch them except
 /// through the MR's methods, which take the device lock as the engine does.
+///
+/// On-demand-paging MRs (`IBV_ACCESS_ON_DEMAND`, registered through the C
+/// layer) promise less: their pages need not be mapped, and an implicit
+/// one covers the whole address space. Every access that touches such a
+/// range goes through `process_vm_readv`/`process_vm_writev` on our own
+/// process, which report an unmapped or read-only page as EFAULT instead
+/// of faulting: the engine turns that into an error completion, as a NIC
+/// does when it cannot resolve a page fault.
 #[derive(Debug, Default)]
-pub struct HostMemory;
+pub struct HostMemory {
+    /// On-demand-paging ranges `[start, end)` by the lkey of their MR.
+    odp: HashMap<u32, (u64, u64)>,
+}
+
+impl HostMemory {
+    /// Mark MR `lkey`'s host range as on-demand paging.
+    pub fn add_odp(&mut self, lkey: u32, start: u64, len: u64) {
+        self.odp.insert(lkey, (start, start.saturating_add(len)));
+    }
+
+    /// The MR is gone (or no longer on demand).
+    pub fn remove_odp(&mut self, lkey: u32) {
+        self.odp.remove(&lkey);
+    }
+
+    /// Whether `[addr, addr + len)` touches an on-demand-paging range.
+    fn is_odp(&self, addr: u64, len: usize) -> bool {
+        let end = addr.saturating_add(len as u64);
+        self.odp.values().any(|&(s, e)| addr < e && s < end)
+    }
+
+    /// Copy between our own address space and `buf` without faulting:
+    /// `process_vm_readv` (`write == false`: from `addr` into `buf`) or
+    /// `process_vm_writev` (from `buf` to `addr`). A page that is not
+    /// mapped, or not writable, gives `MemoryFault`.
+    fn copy_checked(addr: u64, buf: *mut u8, len: usize, write: bool) -> Result<(), MemoryFault> {
+        let fault = MemoryFault { addr, len };
+        let mut done = 0usize;
+        while done < len {
+            let local = libc::iovec {
+                iov_base: buf.wrapping_add(done) as *mut libc::c_void,
+                iov_len: len - done,
+            };
+            let remote = libc::iovec {
+                iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
+                iov_len: len - done,
+            };
+            // SAFETY: `local` describes `len - done` bytes of a buffer the
+            // caller owns (readable for writev, writable for readv);
+            // `remote` names addresses in our own process, which the kernel
+            // checks page by page and reports as EFAULT instead of touching
+            // an unmapped or protected page. One iovec each.
+            let n = unsafe {
+                if write {
+                    libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0)
+                } else {
+                    libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0)
+                }
+            };
+            if n <= 0 {
+                if n < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                    continue;
+                }
+                return Err(fault);
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
 
 impl Memory for HostMemory {
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault> {
         if out.is_empty() {
             return Ok(());
+        }
+        if self.is_odp(addr, out.len()) {
+            return Self::copy_checked(addr, out.as_mut_ptr(), out.len(), false);
         }
         // SAFETY: `addr..addr+len` lies inside a registered MR (checked by the
         // engine), whose buffer is borrowed and alive (see the type's docs);
@@ -35,6 +109,9 @@ impl Memory for HostMemory {
         if data.is_empty() {
             return Ok(());
         }
+        if self.is_odp(addr, data.len()) {
+            return Self::copy_checked(addr, data.as_ptr() as *mut u8, data.len(), true);
+        }
         // SAFETY: as for `read`; the MR was registered with the access the
         // engine checked, and the buffer is exclusively borrowed by the MR.
         unsafe {
@@ -46,6 +123,13 @@ impl Memory for HostMemory {
     fn atomic(&mut self, addr: u64, op: AtomicOp) -> Result<u64, MemoryFault> {
         if !addr.is_multiple_of(8) {
             return Err(MemoryFault { addr, len: 8 });
+        }
+        if self.is_odp(addr, 8) {
+            // Fault the page in, or fail cleanly if it is not mapped. (A
+            // read-only mapping under an ODP MR with atomic access is not
+            // detected here: the atomic below would fault on it.)
+            let mut probe = [0u8; 8];
+            Self::copy_checked(addr, probe.as_mut_ptr(), 8, false)?;
         }
         // SAFETY: the 8 bytes lie inside a registered MR (checked by the
         // engine) and are 8-byte aligned (checked above), which is what

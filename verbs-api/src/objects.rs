@@ -173,11 +173,13 @@ impl ProtectionDomain {
         access: AccessFlags,
     ) -> Result<MemoryRegion<'static>> {
         self.dev.inner.check_alive()?;
-        let mr = self
-            .dev
-            .inner
-            .lock()
-            .reg_mr_iova(self.h, addr, len, iova, access)?;
+        let mut e = self.dev.inner.lock();
+        let mr = e.reg_mr_iova(self.h, addr, len, iova, access)?;
+        if access.contains(AccessFlags::ON_DEMAND) {
+            // Its pages may come and go: every access checks them.
+            e.mem_mut().add_odp(mr.lkey, addr, len);
+        }
+        drop(e);
         Ok(MemoryRegion {
             dev: self.dev.clone(),
             lkey: mr.lkey,
@@ -189,6 +191,62 @@ impl ProtectionDomain {
             owned: true,
             _buf: PhantomData,
         })
+    }
+
+    /// `ibv_advise_mr`: each SGE must lie in an on-demand-paging MR of this
+    /// PD (else EINVAL, naming the SGE). With `fault_in`, the pages are
+    /// touched now (read through the checked path), so the first RDMA on
+    /// them finds them present; an unmapped page fails (EIO, naming it).
+    pub fn advise_mr(&self, sges: &[rxe_core::Sge], fault_in: bool) -> Result<()> {
+        let e = self.dev.inner.lock();
+        for (i, sge) in sges.iter().enumerate() {
+            let mr = e
+                .mr(sge.lkey)
+                .filter(|m| m.lkey == sge.lkey)
+                .ok_or_else(|| {
+                    Error::Verbs(rxe_core::Error::Invalid(format!(
+                        "SGE {i}: lkey {:#x} names no MR",
+                        sge.lkey
+                    )))
+                })?;
+            let inside = sge
+                .addr
+                .checked_sub(mr.iova)
+                .is_some_and(|off| off <= mr.length && u64::from(sge.length) <= mr.length - off);
+            let why = if mr.pd != self.h {
+                Some("is in another PD")
+            } else if !mr.access.contains(AccessFlags::ON_DEMAND) {
+                Some("is not an on-demand-paging MR")
+            } else if !inside {
+                Some("does not cover the SGE's range")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::Verbs(rxe_core::Error::Invalid(format!(
+                    "SGE {i}: MR {:#x} {why}",
+                    sge.lkey
+                ))));
+            }
+            if fault_in {
+                let host = mr.host_addr + (sge.addr - mr.iova);
+                let mut chunk = vec![0u8; (sge.length as usize).min(1 << 16)];
+                let mut off = 0u64;
+                while off < u64::from(sge.length) {
+                    let n = (u64::from(sge.length) - off).min(chunk.len() as u64) as usize;
+                    rxe_core::mem::Memory::read(e.mem(), host + off, &mut chunk[..n]).map_err(
+                        |f| {
+                            Error::Io(format!(
+                                "SGE {i}: {} bytes at {:#x} are not mapped",
+                                f.len, f.addr
+                            ))
+                        },
+                    )?;
+                    off += n as u64;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// This PD's handle, what [`Device::import_pd`] takes.
@@ -390,11 +448,13 @@ impl MemoryRegion<'static> {
         access: Option<AccessFlags>,
     ) -> Result<()> {
         self.dev.inner.check_alive()?;
-        let mr = self
-            .dev
-            .inner
-            .lock()
-            .rereg_mr(self.lkey, pd.map(|p| p.h), range, access)?;
+        let mut e = self.dev.inner.lock();
+        let mr = e.rereg_mr(self.lkey, pd.map(|p| p.h), range, access)?;
+        e.mem_mut().remove_odp(mr.lkey);
+        if mr.access.contains(AccessFlags::ON_DEMAND) {
+            e.mem_mut().add_odp(mr.lkey, mr.host_addr, mr.length);
+        }
+        drop(e);
         self.addr = mr.iova;
         self.host = mr.host_addr;
         self.len = mr.length;
@@ -406,7 +466,14 @@ impl<'a> MemoryRegion<'a> {
     /// `ibv_dereg_mr` with its error: refused (and the region handed
     /// back) while memory windows are bound to it.
     pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
-        let r = self.dev.inner.lock().dereg_mr(self.lkey);
+        let r = {
+            let mut e = self.dev.inner.lock();
+            let r = e.dereg_mr(self.lkey);
+            if r.is_ok() {
+                e.mem_mut().remove_odp(self.lkey);
+            }
+            r
+        };
         match r {
             Ok(()) => {
                 self.closed = true;
@@ -422,7 +489,10 @@ impl Drop for MemoryRegion<'_> {
         // Work still in flight that names this key fails its key check
         // (LOC_PROT_ERR / REM_ACCESS_ERR); it never touches the buffer again.
         if !self.closed && self.owned {
-            let _ = self.dev.inner.lock().dereg_mr(self.lkey);
+            let mut e = self.dev.inner.lock();
+            if e.dereg_mr(self.lkey).is_ok() {
+                e.mem_mut().remove_odp(self.lkey);
+            }
         }
     }
 }
