@@ -10,6 +10,7 @@ fn transport(t: Transport) -> &'static str {
         Transport::Uc => "UC",
         Transport::Rd => "RD",
         Transport::Ud => "UD",
+        Transport::Xrc => "XRC",
         _ => "??",
     }
 }
@@ -96,7 +97,10 @@ pub fn explain(p: &PacketRepr<'_>) -> String {
             None => format!("{t} READ request psn {psn:#08x} → qp {qp:#x} without a RETH"),
         }
     } else if let Some(a) = p.atomic {
-        if p.bth.opcode == wire::Opcode::RC_COMPARE_SWAP {
+        if matches!(
+            p.bth.opcode,
+            wire::Opcode::RC_COMPARE_SWAP | wire::Opcode::XRC_COMPARE_SWAP
+        ) {
             format!(
                 "{t} COMPARE_SWAP psn {psn:#08x} → qp {qp:#x}: if the 8 bytes at {:#x} (rkey {:#x}) are {:#x}, make them {:#x}",
                 a.va, a.rkey, a.compare, a.swap_add
@@ -117,6 +121,9 @@ pub fn explain(p: &PacketRepr<'_>) -> String {
         }
         if let Some(d) = p.deth {
             s += &format!(" from qp {:#x} with Q_Key {:#x}", d.src_qpn, d.qkey);
+        }
+        if let Some(x) = p.xrceth {
+            s += &format!(" for XRC SRQ {:#x}", x.srqn);
         }
         if let Some(i) = p.immdt {
             s += &format!("; immediate {:#010x}", i.imm);
@@ -192,5 +199,38 @@ mod tests {
                 .is_some_and(|a| a.syndrome == Syndrome::Nak(NakCode::PsnSequenceError))
         });
         assert!(e.contains("a packet was lost"), "{e}");
+
+        // XRC (no capture has it): the XRCETH names the target SRQ.
+        let x = PacketRepr {
+            bth: wire::bth::BthRepr {
+                opcode: wire::Opcode::XRC_SEND_ONLY,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                tver: 0,
+                pkey: 0xffff,
+                fecn: false,
+                becn: false,
+                dest_qpn: 0x11,
+                ack_req: true,
+                psn: wire::Psn::new(5),
+            },
+            rdeth: None,
+            deth: None,
+            xrceth: Some(wire::xrceth::XrcEthRepr { srqn: 0x2a }),
+            reth: None,
+            feth: None,
+            atomic: None,
+            aeth: None,
+            atomic_ack: None,
+            immdt: None,
+            ieth: None,
+            payload: &[1, 2, 3],
+        };
+        let e = explain(&x);
+        assert!(
+            e.starts_with("XRC SEND_ONLY psn 0x000005 → qp 0x11: 3 B for XRC SRQ 0x2a"),
+            "{e}"
+        );
     }
 }

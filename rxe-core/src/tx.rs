@@ -94,6 +94,7 @@ pub(crate) fn emit<M, E>(
         },
         rdeth: None,
         deth: h.deth,
+        xrceth: None,
         reth: h.reth,
         feth: None,
         atomic: h.atomic,

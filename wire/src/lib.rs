@@ -4,7 +4,8 @@
 //! the little around it that a capture needs:
 //!
 //! - one module per transport header ([`bth`], [`reth`], [`aeth`],
-//!   [`atomic`], [`deth`], [`immdt`], [`ieth`], [`feth`], [`rdeth`]), each a
+//!   [`atomic`], [`deth`], [`immdt`], [`ieth`], [`feth`], [`rdeth`],
+//!   [`xrceth`]), each a
 //!   zero-copy `Packet<T>` view over a byte buffer with a `mod field` byte
 //!   layout, and an owned `...Repr` with `parse` and `emit`, in the manner of
 //!   smoltcp's `src/wire/`;
@@ -72,6 +73,7 @@ pub mod pcap;
 pub mod psn;
 pub mod rdeth;
 pub mod reth;
+pub mod xrceth;
 
 pub use opcode::{OpFlags, Opcode, OpcodeInfo, Transport};
 pub use packet::PacketRepr;

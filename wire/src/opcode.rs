@@ -12,12 +12,16 @@
 //!
 //! The table has kernel rxe's 60 entries: RC 0x00-0x14, 0x16, 0x17, 0x1c
 //! (FLUSH), 0x1d (ATOMIC WRITE); UC 0x20-0x2b; RD 0x40-0x54 (rxe never
-//! sends RD, but its table has them); UD 0x64, 0x65.
+//! sends RD, but its table has them); UD 0x64, 0x65. To them rxe-emu adds
+//! the 23 XRC opcodes of IBTA Annex A14 (0xa0-0xb4, 0xb6, 0xb7: the RC
+//! operations with the XRC prefix 101), which kernel rxe lacks.
 //!
 //! Extension headers always follow the BTH in one order, which every entry
-//! of the kernel table obeys: RDETH, DETH, FETH, RETH, AtomicETH, AETH,
-//! AtomicAckETH, ImmDt, IETH (IBTA Vol. 1, 9.2 and 9.3; FLUSH's FETH
-//! before its RETH per IBTA Annex A19 and kernel `IB_OPCODE_RC_FLUSH`).
+//! of the kernel table obeys: RDETH, DETH, XRCETH, FETH, RETH, AtomicETH,
+//! AETH, AtomicAckETH, ImmDt, IETH (IBTA Vol. 1, 9.2 and 9.3, Annex A14;
+//! FLUSH's FETH before its RETH per IBTA Annex A19 and kernel
+//! `IB_OPCODE_RC_FLUSH`). XRC requests carry the XRCETH; XRC responses
+//! carry none.
 
 use core::fmt;
 
@@ -42,8 +46,10 @@ pub enum Transport {
     Ud,
     /// 100: Congestion Notification Packet (RoCEv2 CNP, opcode 0x81).
     Cnp,
-    /// 101 (XRC, IBTA Annex A14) and 110/111 (manufacturer specific): none
-    /// of them is supported by kernel rxe.
+    /// 101: Extended Reliable Connected (XRC, IBTA Annex A14), which kernel
+    /// rxe lacks.
+    Xrc,
+    /// 110/111: manufacturer specific.
     Reserved,
 }
 
@@ -63,6 +69,8 @@ bitflags! {
         const ATMACK = 1 << 3;
         /// An Invalidate Extended Transport Header follows (4 bytes).
         const IETH = 1 << 4;
+        /// An XRC Extended Transport Header follows (4 bytes; XRC requests).
+        const XRCETH = 1 << 23;
         /// A Reliable Datagram Extended Transport Header follows (4 bytes).
         const RDETH = 1 << 5;
         /// A Datagram Extended Transport Header follows (8 bytes).
@@ -129,9 +137,10 @@ const BTH_LEN: usize = 12;
 /// lengths (kernel `enum rxe_hdr_length`). `PAYLOAD` comes last with
 /// length 0, so its offset is the header length, as the kernel's
 /// `offset[RXE_PAYLOAD]`.
-const HEADER_ORDER: [(OpFlags, usize); 10] = [
+const HEADER_ORDER: [(OpFlags, usize); 11] = [
     (OpFlags::RDETH, crate::rdeth::HEADER_LEN),
     (OpFlags::DETH, crate::deth::HEADER_LEN),
+    (OpFlags::XRCETH, crate::xrceth::HEADER_LEN),
     (OpFlags::FETH, crate::feth::HEADER_LEN),
     (OpFlags::RETH, crate::reth::HEADER_LEN),
     (OpFlags::ATMETH, crate::atomic::HEADER_LEN),
@@ -283,11 +292,57 @@ opcode_table! {
     UD_SEND_ONLY = 0x64: DETH | PAYLOAD | REQ | COMP | RWR | SEND | START | END;
     UD_SEND_ONLY_WITH_IMMEDIATE = 0x65:
         DETH | IMMDT | PAYLOAD | REQ | COMP | RWR | SEND | START | END;
+
+    // XRC (IBTA Annex A14, table 160; not in kernel rxe): RC's operations
+    // with the prefix 101, an XRCETH on every request.
+    XRC_SEND_FIRST = 0xa0: XRCETH | PAYLOAD | REQ | RWR | SEND | START;
+    XRC_SEND_MIDDLE = 0xa1: XRCETH | PAYLOAD | REQ | SEND | MIDDLE;
+    XRC_SEND_LAST = 0xa2: XRCETH | PAYLOAD | REQ | COMP | SEND | END;
+    XRC_SEND_LAST_WITH_IMMEDIATE = 0xa3: XRCETH | IMMDT | PAYLOAD | REQ | COMP | SEND | END;
+    XRC_SEND_ONLY = 0xa4: XRCETH | PAYLOAD | REQ | COMP | RWR | SEND | START | END;
+    XRC_SEND_ONLY_WITH_IMMEDIATE = 0xa5:
+        XRCETH | IMMDT | PAYLOAD | REQ | COMP | RWR | SEND | START | END;
+    XRC_RDMA_WRITE_FIRST = 0xa6: XRCETH | RETH | PAYLOAD | REQ | WRITE | START;
+    XRC_RDMA_WRITE_MIDDLE = 0xa7: XRCETH | PAYLOAD | REQ | WRITE | MIDDLE;
+    XRC_RDMA_WRITE_LAST = 0xa8: XRCETH | PAYLOAD | REQ | WRITE | END;
+    XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0xa9:
+        XRCETH | IMMDT | PAYLOAD | REQ | WRITE | COMP | RWR | END;
+    XRC_RDMA_WRITE_ONLY = 0xaa: XRCETH | RETH | PAYLOAD | REQ | WRITE | START | END;
+    XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0xab:
+        XRCETH | RETH | IMMDT | PAYLOAD | REQ | WRITE | COMP | RWR | START | END;
+    XRC_RDMA_READ_REQUEST = 0xac: XRCETH | RETH | REQ | READ | START | END;
+    XRC_RDMA_READ_RESPONSE_FIRST = 0xad: AETH | PAYLOAD | ACK | READ | START;
+    XRC_RDMA_READ_RESPONSE_MIDDLE = 0xae: PAYLOAD | ACK | READ | MIDDLE;
+    XRC_RDMA_READ_RESPONSE_LAST = 0xaf: AETH | PAYLOAD | ACK | READ | END;
+    XRC_RDMA_READ_RESPONSE_ONLY = 0xb0: AETH | PAYLOAD | ACK | READ | START | END;
+    XRC_ACKNOWLEDGE = 0xb1: AETH | ACK | START | END;
+    XRC_ATOMIC_ACKNOWLEDGE = 0xb2: AETH | ATMACK | ACK | START | END;
+    XRC_COMPARE_SWAP = 0xb3: XRCETH | ATMETH | REQ | ATOMIC | START | END;
+    XRC_FETCH_ADD = 0xb4: XRCETH | ATMETH | REQ | ATOMIC | START | END;
+    XRC_SEND_LAST_WITH_INVALIDATE = 0xb6: XRCETH | IETH | PAYLOAD | REQ | COMP | SEND | END;
+    XRC_SEND_ONLY_WITH_INVALIDATE = 0xb7:
+        XRCETH | IETH | PAYLOAD | REQ | COMP | RWR | SEND | START | END;
 }
 
 impl Opcode {
-    /// The table entry, or `None` for an opcode kernel rxe's table does
-    /// not have (reserved, XRC, CNP, vendor-specific...).
+    /// The XRC opcode for an RC one (same operation, prefix 101), or
+    /// `None` for an RC opcode XRC does not have (FLUSH, ATOMIC WRITE) or
+    /// a non-RC opcode.
+    pub fn to_xrc(self) -> Option<Opcode> {
+        (self.transport() == Transport::Rc)
+            .then_some(Opcode(self.0 | 0xa0))
+            .filter(|o| o.info().is_some())
+    }
+
+    /// The RC opcode with the same operation as an XRC one, or `None`.
+    pub fn xrc_to_rc(self) -> Option<Opcode> {
+        (self.transport() == Transport::Xrc).then_some(Opcode(self.0 & 0x1f))
+    }
+}
+
+impl Opcode {
+    /// The table entry, or `None` for an opcode the table does not have
+    /// (reserved, CNP, vendor-specific...).
     pub fn info(self) -> Option<&'static OpcodeInfo> {
         TABLE[usize::from(self.0)].as_ref()
     }
@@ -300,6 +355,7 @@ impl Opcode {
             2 => Transport::Rd,
             3 => Transport::Ud,
             4 => Transport::Cnp,
+            5 => Transport::Xrc,
             _ => Transport::Reserved,
         }
     }
@@ -395,7 +451,10 @@ mod tests {
 
     #[test]
     fn table_has_exactly_the_kernel_opcodes_and_lengths() {
-        let known: Vec<u8> = Opcode::all_known().map(|o| o.0).collect();
+        let known: Vec<u8> = Opcode::all_known()
+            .filter(|o| o.transport() != Transport::Xrc)
+            .map(|o| o.0)
+            .collect();
         let kernel: Vec<u8> = KERNEL_LENGTHS.iter().map(|(o, _)| *o).collect();
         assert_eq!(known, kernel);
         for (op, len) in KERNEL_LENGTHS {
@@ -407,6 +466,36 @@ mod tests {
             assert!(Opcode(op).info().is_none(), "{op:#x}");
             assert_eq!(Opcode(op).name(), "UNKNOWN");
         }
+    }
+
+    /// Each XRC opcode is its RC twin plus a 4-byte XRCETH on requests
+    /// (IBTA A14 table 160), and the mapping goes both ways.
+    #[test]
+    fn xrc_opcodes_mirror_rc() {
+        let xrc: Vec<Opcode> = Opcode::all_known()
+            .filter(|o| o.transport() == Transport::Xrc)
+            .collect();
+        assert_eq!(xrc.len(), 23);
+        for x in xrc {
+            let rc = x.xrc_to_rc().unwrap();
+            let (xi, ri) = (x.info().unwrap(), rc.info().unwrap());
+            assert_eq!(xi.name.strip_prefix("XRC_"), ri.name.strip_prefix("RC_"));
+            assert_eq!(xi.flags - OpFlags::XRCETH, ri.flags, "{}", xi.name);
+            let extra = if ri.flags.contains(OpFlags::REQ) {
+                4
+            } else {
+                0
+            };
+            assert_eq!(xi.hdr_len, ri.hdr_len + extra, "{}", xi.name);
+            assert_eq!(rc.to_xrc(), Some(x));
+        }
+        assert_eq!(Opcode::RC_FLUSH.to_xrc(), None);
+        assert_eq!(Opcode::RC_ATOMIC_WRITE.to_xrc(), None);
+        assert_eq!(Opcode::UC_SEND_ONLY.to_xrc(), None);
+        let i = Opcode::XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE.info().unwrap();
+        assert_eq!(i.offset_of(OpFlags::XRCETH), Some(12));
+        assert_eq!(i.offset_of(OpFlags::RETH), Some(16));
+        assert_eq!(i.offset_of(OpFlags::IMMDT), Some(32));
     }
 
     #[test]
@@ -462,6 +551,7 @@ mod tests {
                 Transport::Uc => "UC_",
                 Transport::Rd => "RD_",
                 Transport::Ud => "UD_",
+                Transport::Xrc => "XRC_",
                 _ => panic!("{name}: unexpected transport"),
             };
             assert!(name.starts_with(prefix), "{name}");
@@ -470,6 +560,12 @@ mod tests {
                 Transport::Ud => assert!(f.contains(OpFlags::DETH) && !f.contains(OpFlags::RDETH)),
                 _ => assert!(!f.intersects(OpFlags::DETH | OpFlags::RDETH), "{name}"),
             }
+            // IBTA A14: every XRC request and no response carries an XRCETH.
+            assert_eq!(
+                f.contains(OpFlags::XRCETH),
+                op.transport() == Transport::Xrc && f.contains(OpFlags::REQ),
+                "{name}"
+            );
             assert_eq!(
                 f.contains(OpFlags::IMMDT),
                 name.contains("IMMEDIATE"),
@@ -520,7 +616,8 @@ mod tests {
         assert_eq!(Opcode(0x4c).transport(), Transport::Rd);
         assert_eq!(Opcode(0x64).transport(), Transport::Ud);
         assert_eq!(Opcode(0x81).transport(), Transport::Cnp);
-        assert_eq!(Opcode(0xa0).transport(), Transport::Reserved);
+        assert_eq!(Opcode(0xa0).transport(), Transport::Xrc);
+        assert_eq!(Opcode(0xc0).transport(), Transport::Reserved);
         assert_eq!(Opcode(0xff).transport(), Transport::Reserved);
         assert_eq!(Opcode::RC_SEND_ONLY.to_string(), "RC_SEND_ONLY (0x04)");
         assert_eq!(Opcode(0x15).to_string(), "UNKNOWN (0x15)");

@@ -2,8 +2,8 @@
 //! the extension headers, payload and pad to the ICRC.
 //!
 //! ```text
-//!  BTH | RDETH | DETH | FETH | RETH | AtomicETH | AETH | AtomicAckETH | ImmDt | IETH | payload | pad | ICRC
-//!        `------------- those the opcode's table entry lists -------------'
+//!  BTH | RDETH | DETH | XRCETH | FETH | RETH | AtomicETH | AETH | AtomicAckETH | ImmDt | IETH | payload | pad | ICRC
+//!        `------------------ those the opcode's table entry lists ------------------'
 //! ```
 //!
 //! Which extension headers are present, and where, is decided by the
@@ -19,7 +19,8 @@ use crate::ieth::IethRepr;
 use crate::immdt::ImmDtRepr;
 use crate::rdeth::RdethRepr;
 use crate::reth::RethRepr;
-use crate::{aeth, atomic, bth, deth, feth, ieth, immdt, rdeth, reth};
+use crate::xrceth::XrcEthRepr;
+use crate::{aeth, atomic, bth, deth, feth, ieth, immdt, rdeth, reth, xrceth};
 use crate::{Error, OpFlags, OpcodeInfo, Result, ICRC_LEN};
 
 /// The meaning of a whole transport packet: the BTH, each extension
@@ -33,6 +34,8 @@ pub struct PacketRepr<'a> {
     pub rdeth: Option<RdethRepr>,
     /// Datagram ETH (UD and RD opcodes).
     pub deth: Option<DethRepr>,
+    /// XRC ETH (XRC requests).
+    pub xrceth: Option<XrcEthRepr>,
     /// RDMA ETH (first WRITE packet, READ request, FLUSH, ATOMIC WRITE).
     pub reth: Option<RethRepr>,
     /// FLUSH ETH (FLUSH).
@@ -117,6 +120,7 @@ impl<'a> PacketRepr<'a> {
             bth,
             rdeth: ext!(RDETH, RdethRepr, rdeth),
             deth: ext!(DETH, DethRepr, deth),
+            xrceth: ext!(XRCETH, XrcEthRepr, xrceth),
             reth: ext!(RETH, RethRepr, reth),
             feth: ext!(FETH, FethRepr, feth),
             atomic: ext!(ATMETH, AtomicEthRepr, atomic),
@@ -154,6 +158,7 @@ impl<'a> PacketRepr<'a> {
         let present = [
             (OpFlags::RDETH, self.rdeth.is_some()),
             (OpFlags::DETH, self.deth.is_some()),
+            (OpFlags::XRCETH, self.xrceth.is_some()),
             (OpFlags::RETH, self.reth.is_some()),
             (OpFlags::FETH, self.feth.is_some()),
             (OpFlags::ATMETH, self.atomic.is_some()),
@@ -209,6 +214,7 @@ impl<'a> PacketRepr<'a> {
         }
         ext!(rdeth, RDETH, rdeth);
         ext!(deth, DETH, deth);
+        ext!(xrceth, XRCETH, xrceth);
         ext!(reth, RETH, reth);
         ext!(feth, FETH, feth);
         ext!(atomic, ATMETH, atomic);
@@ -268,6 +274,7 @@ mod tests {
             bth,
             rdeth: None,
             deth: None,
+            xrceth: None,
             reth: None,
             feth: None,
             atomic: None,

@@ -13,6 +13,7 @@ use wire::ieth::IethRepr;
 use wire::immdt::ImmDtRepr;
 use wire::rdeth::RdethRepr;
 use wire::reth::RethRepr;
+use wire::xrceth::XrcEthRepr;
 use wire::{frame, pcap, OpFlags, Opcode, PacketRepr, Psn};
 
 const MAX: u32 = 0x00ff_ffff;
@@ -45,6 +46,9 @@ impl Parts {
             deth: has(OpFlags::DETH).then_some(DethRepr {
                 qkey: hi,
                 src_qpn: lo & MAX,
+            }),
+            xrceth: has(OpFlags::XRCETH).then_some(XrcEthRepr {
+                srqn: (d >> 40) as u32 & MAX,
             }),
             reth: has(OpFlags::RETH).then_some(RethRepr {
                 va: b,

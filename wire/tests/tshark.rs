@@ -26,6 +26,7 @@ use wire::immdt::ImmDtRepr;
 use wire::pcap::PcapWriter;
 use wire::rdeth::RdethRepr;
 use wire::reth::RethRepr;
+use wire::xrceth::XrcEthRepr;
 use wire::{OpFlags, Opcode, PacketRepr, Psn, Transport};
 
 /// The fields we ask tshark for, in output column order.
@@ -58,7 +59,8 @@ enum Decoded {
     /// Everything: BTH, extension headers, ICRC.
     All,
     /// The BTH only. tshark 4.0 predates FLUSH and ATOMIC WRITE (IBTA
-    /// Annex A19) and shows them as "Unknown OpCode"; for RD opcodes it
+    /// Annex A19) and has no XRC (Annex A14) headers, and shows those
+    /// opcodes as "Unknown OpCode"; for RD opcodes it
     /// looks for the DETH and what follows 8 bytes too far, so their
     /// extension headers do not compare and it runs into the ICRC. Kernel
     /// rxe sends none of these.
@@ -165,6 +167,7 @@ fn synthesized() -> Vec<(IpUdpInfo, Vec<u8>, Decoded)> {
                 qkey: 0x1111_0000 + n,
                 src_qpn: 0x20 + n,
             }),
+            xrceth: has(OpFlags::XRCETH).then_some(XrcEthRepr { srqn: 0x30 + n }),
             reth: has(OpFlags::RETH).then_some(RethRepr {
                 va: 0x5607_ccc6_f000 + u64::from(n) * 64,
                 rkey: 0x697 + n,
@@ -218,6 +221,7 @@ fn synthesized() -> Vec<(IpUdpInfo, Vec<u8>, Decoded)> {
         let decoded = if op == Opcode::RC_FLUSH
             || op == Opcode::RC_ATOMIC_WRITE
             || op.transport() == Transport::Rd
+            || op.transport() == Transport::Xrc
         {
             Decoded::Bth
         } else {
