@@ -130,6 +130,32 @@ pub type AllocParentDomainFn =
 pub type ModifyCqFn = unsafe extern "C" fn(*mut ibv_cq, *mut c_void) -> c_int;
 pub type AllocNullMrFn = unsafe extern "C" fn(*mut ibv_pd) -> *mut ibv_mr;
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> c_int;
+pub type OpenXrcdFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+pub type CloseXrcdFn = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct verbs_xrcd`.
+#[repr(C)]
+pub struct verbs_xrcd {
+    pub xrcd: ibv_xrcd,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
 pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, c_uint, u32, *mut ibv_sge, u32) -> c_int;
 pub type AllocDmFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
 pub type FreeDmFn = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
@@ -174,8 +200,8 @@ pub struct verbs_context {
     pub create_qp_ex: Option<CreateQpExFn>,
     pub get_srq_num: Option<GetSrqNumFn>,
     pub create_srq_ex: Option<CreateSrqExFn>,
-    pub open_xrcd: Compat,
-    pub close_xrcd: Compat,
+    pub open_xrcd: Option<OpenXrcdFn>,
+    pub close_xrcd: Option<CloseXrcdFn>,
     pub _abi_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,

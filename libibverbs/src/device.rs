@@ -522,8 +522,8 @@ pub unsafe extern "C" fn query_device_ex(
         ex.max_dm_size = crate::dm::MAX_DM_SIZE;
         // On-demand paging, which kernel rxe 6.1 lacks: an ODP MR's pages
         // are checked as they are touched (verbs-api HostMemory), and an
-        // implicit MR covers the whole address space. No XRC, so no XRC
-        // capabilities.
+        // implicit MR covers the whole address space; XRC as RC, its
+        // receives always from an SRQ.
         const SEND: u32 = 1;
         const RECV: u32 = 1 << 1;
         const WRITE: u32 = 1 << 2;
@@ -534,6 +534,7 @@ pub unsafe extern "C" fn query_device_ex(
         ex.odp_caps.rc_odp_caps = SEND | RECV | WRITE | READ | ATOMIC | SRQ_RECV;
         ex.odp_caps.uc_odp_caps = SEND | RECV | WRITE | SRQ_RECV;
         ex.odp_caps.ud_odp_caps = SEND | RECV | SRQ_RECV;
+        ex.xrc_odp_caps = SEND | WRITE | READ | ATOMIC | SRQ_RECV;
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has attr_size bytes; we copy at most
         // that many from ours.

@@ -36,6 +36,7 @@ mod objects;
 mod post;
 mod strings;
 mod stubs;
+mod xrc;
 
 include!(concat!(env!("OUT_DIR"), "/symver.rs"));
 

@@ -38,6 +38,8 @@ pub fn fill_ops(v: &mut verbs_context) {
     v.alloc_td = Some(crate::domain::alloc_td);
     v.dealloc_td = Some(crate::domain::dealloc_td);
     v.advise_mr = Some(advise_mr);
+    v.open_xrcd = Some(crate::xrc::open_xrcd);
+    v.close_xrcd = Some(crate::xrc::close_xrcd);
     v.alloc_dm = Some(crate::dm::alloc_dm);
     v.free_dm = Some(crate::dm::free_dm);
     v.reg_dm_mr = Some(crate::dm::reg_dm_mr);
@@ -653,6 +655,7 @@ unsafe extern "C" fn bind_mw(q: *mut ibv_qp, w: *mut ibv_mw, b: *mut ibv_mw_bind
         let cur = mwo.mw.lock().unwrap_or_else(|p| p.into_inner()).rkey();
         let new_key = (cur.wrapping_add(1) & 0xff) as u8;
         let wr = rxe_core::SendWr {
+            xrc_remote_srqn: None,
             wr_id: bind.wr_id,
             op: rxe_core::SendOp::BindMw {
                 mw_rkey: cur,
@@ -1071,17 +1074,21 @@ unsafe fn create_srq_common(
     p: *mut ibv_pd,
     srq_context: *mut c_void,
     attr: &mut ibv_srq_attr,
+    make: impl FnOnce(&Pd, SrqAttr) -> verbs_api::Result<SharedReceiveQueue>,
 ) -> *mut ibv_srq {
     if p.is_null() {
         return null_with(libc::EINVAL);
     }
     // SAFETY: a live PD.
     let pdo = unsafe { pd(p) };
-    let r = pdo.pd.create_srq(SrqAttr {
-        max_wr: attr.max_wr,
-        max_sge: attr.max_sge,
-        srq_limit: attr.srq_limit,
-    });
+    let r = make(
+        pdo,
+        SrqAttr {
+            max_wr: attr.max_wr,
+            max_sge: attr.max_sge,
+            srq_limit: attr.srq_limit,
+        },
+    );
     let s = match r {
         Ok(s) => s,
         Err(e) => return null_with(fail("ibv_create_srq", &e)),
@@ -1121,7 +1128,11 @@ pub unsafe extern "C" fn rxe_ibv_create_srq(
     }
     guard("ibv_create_srq", std::ptr::null_mut(), || {
         // SAFETY: caller-provided attributes, updated with what was made.
-        unsafe { create_srq_common(p, (*init).srq_context, &mut (*init).attr) }
+        unsafe {
+            create_srq_common(p, (*init).srq_context, &mut (*init).attr, |pdo, a| {
+                pdo.pd.create_srq(a)
+            })
+        }
     })
 }
 
@@ -1135,15 +1146,52 @@ unsafe extern "C" fn create_srq_ex(
     guard("ibv_create_srq_ex", std::ptr::null_mut(), || {
         // SAFETY: caller-provided attributes.
         let a = unsafe { &mut *a };
-        // IBV_SRQ_INIT_ATTR_TYPE = 1, _PD = 2; type IBV_SRQT_BASIC = 0.
-        if a.comp_mask & 2 == 0 || (a.comp_mask & 1 != 0 && a.srq_type != 0) {
-            debug(|| {
-                "ibv_create_srq_ex: only basic SRQs with a PD (no XRC or tag matching)".into()
+        // IBV_SRQ_INIT_ATTR_TYPE = 1, _PD = 2, _XRCD = 4, _CQ = 8; types
+        // IBV_SRQT_BASIC = 0, IBV_SRQT_XRC = 1, IBV_SRQT_TM = 2.
+        const TYPE: u32 = 1;
+        const PD: u32 = 2;
+        const XRCD: u32 = 4;
+        const CQ: u32 = 8;
+        let ty = if a.comp_mask & TYPE != 0 {
+            a.srq_type
+        } else {
+            0
+        };
+        if a.comp_mask & PD == 0 || ty > 1 {
+            debug(|| "ibv_create_srq_ex: basic or XRC SRQs with a PD (no tag matching)".into());
+            return null_with(if ty > 1 {
+                libc::EOPNOTSUPP
+            } else {
+                libc::EINVAL
             });
-            return null_with(libc::EOPNOTSUPP);
         }
+        if ty == 0 {
+            // SAFETY: forwarded caller contract.
+            return unsafe {
+                create_srq_common(a.pd, a.srq_context, &mut a.attr, |pdo, at| {
+                    pdo.pd.create_srq(at)
+                })
+            };
+        }
+        if a.comp_mask & (XRCD | CQ) != XRCD | CQ || a.xrcd.is_null() || a.cq.is_null() {
+            debug(|| "ibv_create_srq_ex: an XRC SRQ needs an XRCD and a CQ".into());
+            return null_with(libc::EINVAL);
+        }
+        // SAFETY: the program's live XRCD and CQ.
+        let (xo, co) = unsafe { (crate::xrc::xrcd(a.xrcd), cq(a.cq)) };
+        let shared = xo.shared.clone();
         // SAFETY: forwarded caller contract.
-        unsafe { create_srq_common(a.pd, a.srq_context, &mut a.attr) }
+        unsafe {
+            create_srq_common(a.pd, a.srq_context, &mut a.attr, move |pdo, at| {
+                let d = shared.domain.lock().unwrap_or_else(|p| p.into_inner());
+                match d.as_ref() {
+                    Some(d) => pdo.pd.create_xrc_srq(d, &co.cq, at),
+                    None => Err(verbs_api::Error::Verbs(rxe_core::Error::Invalid(
+                        "the XRC domain is closed".into(),
+                    ))),
+                }
+            })
+        }
     })
 }
 
@@ -1275,19 +1323,29 @@ unsafe fn create_qp_common(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> *mut ibv
         a.sq_sig_all,
     );
     let cap = &mut a.cap;
-    if p.is_null() || send_cq.is_null() || recv_cq.is_null() {
-        return null_with(libc::EINVAL);
-    }
     let Some(t) = QpType::from_ibv(qp_type as u32) else {
-        debug(|| format!("ibv_create_qp: QP type {qp_type} is not one rxe supports (RC, UC, UD)"));
+        debug(|| {
+            format!(
+                "ibv_create_qp: QP type {qp_type} is not one rxe-emu supports (RC, UC, UD, XRC)"
+            )
+        });
         return null_with(libc::EOPNOTSUPP);
     };
-    if !matches!(t, QpType::Rc | QpType::Uc | QpType::Ud) {
-        debug(|| format!("ibv_create_qp: QP type {t:?} is not one rxe-emu supports (RC, UC, UD)"));
-        return null_with(libc::EOPNOTSUPP);
+    if t == QpType::XrcRecv {
+        debug(|| "ibv_create_qp: an XRC_RECV QP needs ibv_create_qp_ex with an XRCD".into());
+        return null_with(libc::EINVAL);
+    }
+    // An XRC initiator receives nothing: its receive CQ may be NULL.
+    let engine_rcq = if t == QpType::XrcSend && recv_cq.is_null() {
+        send_cq
+    } else {
+        recv_cq
+    };
+    if p.is_null() || send_cq.is_null() || engine_rcq.is_null() {
+        return null_with(libc::EINVAL);
     }
     // SAFETY: live PD, CQs and SRQ of the program.
-    let (pdo, scq, rcq) = unsafe { (pd(p), cq(send_cq), cq(recv_cq)) };
+    let (pdo, scq, rcq) = unsafe { (pd(p), cq(send_cq), cq(engine_rcq)) };
     let s = if srq_p.is_null() {
         None
     } else {
@@ -1367,8 +1425,9 @@ pub unsafe extern "C" fn rxe_ibv_create_qp(
     })
 }
 
-/// `IBV_QP_INIT_ATTR_PD`, `_CREATE_FLAGS` and `_SEND_OPS_FLAGS`.
+/// `IBV_QP_INIT_ATTR_PD`, `_XRCD`, `_CREATE_FLAGS` and `_SEND_OPS_FLAGS`.
 const QP_INIT_ATTR_PD: u32 = 1;
+const QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 const QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// The `ibv_wr_*` operations rxe implements: RDMA WRITE (with imm), SEND
@@ -1388,7 +1447,10 @@ unsafe extern "C" fn create_qp_ex(
     guard("ibv_create_qp_ex", std::ptr::null_mut(), || {
         // SAFETY: caller-provided attributes.
         let a = unsafe { &mut *a };
-        let known = QP_INIT_ATTR_PD | QP_INIT_ATTR_CREATE_FLAGS | QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let known = QP_INIT_ATTR_PD
+            | QP_INIT_ATTR_XRCD
+            | QP_INIT_ATTR_CREATE_FLAGS
+            | QP_INIT_ATTR_SEND_OPS_FLAGS;
         if a.comp_mask & !known != 0 {
             debug(|| {
                 format!(
@@ -1407,6 +1469,10 @@ unsafe extern "C" fn create_qp_ex(
                 )
             });
             return null_with(libc::EOPNOTSUPP);
+        }
+        if a.qp_type == QpType::XrcRecv.ibv() as c_int {
+            // SAFETY: forwarded caller contract.
+            return unsafe { create_xrc_recv_qp(a) };
         }
         if a.comp_mask & QP_INIT_ATTR_PD == 0 {
             return null_with(libc::EINVAL);
@@ -1432,6 +1498,59 @@ unsafe extern "C" fn create_qp_ex(
             )
         }
     })
+}
+
+/// An XRC_RECV (target) QP: in an XRC domain, with no PD, CQs or queues.
+unsafe fn create_xrc_recv_qp(a: &mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+    if a.comp_mask & QP_INIT_ATTR_XRCD == 0 || a.xrcd.is_null() {
+        debug(|| "ibv_create_qp_ex: an XRC_RECV QP needs IBV_QP_INIT_ATTR_XRCD and an XRCD".into());
+        return null_with(libc::EINVAL);
+    }
+    // SAFETY: the program's live XRCD.
+    let xo = unsafe { crate::xrc::xrcd(a.xrcd) };
+    let c = xo.ibv.xrcd.context;
+    let r = {
+        let d = xo.shared.domain.lock().unwrap_or_else(|p| p.into_inner());
+        match d.as_ref() {
+            Some(d) => d.create_recv_qp(),
+            None => return null_with(libc::EINVAL),
+        }
+    };
+    let q = match r {
+        Ok(q) => q,
+        Err(e) => return null_with(fail("ibv_create_qp_ex(XRC_RECV)", &e)),
+    };
+    a.cap = ibv_qp_cap {
+        max_send_wr: 0,
+        max_recv_wr: 0,
+        max_send_sge: 0,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let qpn = q.qpn();
+    // SAFETY: C data; zero mutex/cond are the initialisers.
+    let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    ibv.qp_base.context = c;
+    ibv.qp_base.qp_context = a.qp_context;
+    ibv.qp_base.handle = qpn;
+    ibv.qp_base.qp_num = qpn;
+    ibv.qp_base.state = QpState::Reset.ibv() as c_int;
+    ibv.qp_base.qp_type = a.qp_type;
+    crate::post::fill_qp_ex(&mut ibv);
+    let ptr = Box::into_raw(Box::new(Qp {
+        ibv,
+        qp: q,
+        build: Mutex::new(crate::post::WrBuild::default()),
+        sq_sig_all: false,
+    }));
+    // SAFETY: live context.
+    unsafe { ctx(c) }
+        .reg
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .qps
+        .insert(qpn, ptr as usize);
+    ptr as *mut ibv_qp
 }
 
 #[no_mangle]

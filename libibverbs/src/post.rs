@@ -251,6 +251,8 @@ unsafe fn send_wr_from_c(w: &ibv_send_wr) -> Result<SendWr, c_int> {
         sg_list: unsafe { sges(w.sg_list, w.num_sge) }?,
         flags: SendFlags::from_bits_truncate(w.send_flags),
         ud,
+        // `qp_type.xrc.remote_srqn`: used by XRC_SEND QPs only.
+        xrc_remote_srqn: Some(w.remote_srqn),
     })
 }
 
@@ -579,6 +581,7 @@ fn push(q: *mut ibv_qp_ex, op: SendOp) {
             sg_list: Vec::new(),
             flags: SendFlags::from_bits_truncate(flags),
             ud: None,
+            xrc_remote_srqn: None,
         });
 }
 
@@ -776,6 +779,13 @@ unsafe extern "C" fn wr_set_ud_addr(q: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32
         }
     })
 }
+unsafe extern "C" fn wr_set_xrc_srqn(q: *mut ibv_qp_ex, remote_srqn: u32) {
+    with_last(q, "ibv_wr_set_xrc_srqn", |b| {
+        if let Some(w) = b.wrs.last_mut() {
+            w.xrc_remote_srqn = Some(remote_srqn);
+        }
+    })
+}
 unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     with_last(q, "ibv_wr_set_sge", |b| {
         if let Some(w) = b.wrs.last_mut() {
@@ -866,6 +876,7 @@ pub fn fill_qp_ex(q: &mut ibv_qp_ex) {
     q.wr_local_inv = Some(wr_local_inv);
     q.wr_bind_mw = Some(wr_bind_mw);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
     q.wr_set_sge = Some(wr_set_sge);
     q.wr_set_sge_list = Some(wr_set_sge_list);
     q.wr_set_inline_data = Some(wr_set_inline_data);

@@ -197,6 +197,8 @@ pub struct Engine<M: Memory> {
     next_qpn: u32,
     /// Multicast groups and the UD QPs attached to each.
     pub(crate) mcast: crate::mcast::Groups,
+    /// XRC domains and how many XRC SRQs and target QPs use each.
+    xrcds: HashMap<crate::XrcdHandle, u32>,
 }
 
 /// The IP address a GID stands for on RoCEv2: IPv4-mapped GIDs are IPv4,
@@ -341,6 +343,7 @@ impl<M: Memory> Engine<M> {
             next_handle: 1,
             next_qpn,
             mcast: crate::mcast::Groups::default(),
+            xrcds: HashMap::new(),
         }
     }
 
@@ -879,6 +882,7 @@ impl<M: Memory> Engine<M> {
             h,
             Srq {
                 pd,
+                xrc: None,
                 queue: VecDeque::new(),
                 max_wr: attr.max_wr,
                 max_sge: attr.max_sge,
@@ -963,9 +967,121 @@ impl<M: Memory> Engine<M> {
                 srq.0, s.users
             )));
         }
-        let pd = s.pd;
+        let (pd, xrc) = (s.pd, s.xrc);
         self.ctx.srqs.remove(&srq);
+        if let Some((x, cq)) = xrc {
+            if let Some(u) = self.xrcds.get_mut(&x) {
+                *u = u.saturating_sub(1);
+            }
+            if let Some(c) = self.ctx.cqs.get_mut(&cq) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
         self.pd_ref(pd, -1)
+    }
+
+    // ------------------------------------------------------------------
+    // XRC (IBTA Annex A14)
+
+    /// Open an XRC domain (`ibv_open_xrcd`).
+    pub fn alloc_xrcd(&mut self) -> Result<crate::XrcdHandle> {
+        let h = crate::XrcdHandle(self.handle());
+        self.xrcds.insert(h, 0);
+        Ok(h)
+    }
+
+    /// Close an XRC domain: EBUSY while XRC SRQs or target QPs use it.
+    pub fn dealloc_xrcd(&mut self, xrcd: crate::XrcdHandle) -> Result<()> {
+        match self.xrcds.get(&xrcd) {
+            None => Err(Error::NotFound(format!("XRCD {}", xrcd.0))),
+            Some(&n) if n > 0 => Err(Error::Busy(format!(
+                "XRCD {} is still used by {n} XRC SRQ(s) or XRC_RECV QP(s)",
+                xrcd.0
+            ))),
+            Some(_) => {
+                self.xrcds.remove(&xrcd);
+                Ok(())
+            }
+        }
+    }
+
+    /// Create an XRC SRQ (`ibv_create_srq_ex` with `IBV_SRQT_XRC`): its
+    /// receives serve every XRC_RECV QP of `xrcd` whose requests name its
+    /// number, and complete on `cq`; RDMA to those QPs uses `pd`.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd: PdHandle,
+        xrcd: crate::XrcdHandle,
+        cq: CqHandle,
+        attr: SrqAttr,
+    ) -> Result<SrqHandle> {
+        if !self.xrcds.contains_key(&xrcd) {
+            return Err(Error::NotFound(format!("XRCD {}", xrcd.0)));
+        }
+        if !self.ctx.cqs.contains_key(&cq) {
+            return Err(Error::NotFound(format!("CQ {}", cq.0)));
+        }
+        let h = self.create_srq(pd, attr)?;
+        if h.0 > wire::xrceth::SRQN_MASK {
+            let _ = self.destroy_srq(h);
+            return Err(Error::NoMemory(
+                "no SRQ number fits the XRCETH's 24 bits".into(),
+            ));
+        }
+        if let Some(s) = self.ctx.srqs.get_mut(&h) {
+            s.xrc = Some((xrcd, cq));
+        }
+        if let Some(c) = self.ctx.cqs.get_mut(&cq) {
+            c.users += 1;
+        }
+        if let Some(u) = self.xrcds.get_mut(&xrcd) {
+            *u += 1;
+        }
+        Ok(h)
+    }
+
+    /// The number peers put in the XRCETH to reach this SRQ
+    /// (`ibv_get_srq_num`).
+    pub fn srq_num(&self, srq: SrqHandle) -> Result<u32> {
+        match self.ctx.srqs.get(&srq) {
+            Some(s) if s.xrc.is_some() => Ok(srq.0),
+            Some(_) => Err(Error::Invalid(format!(
+                "SRQ {} is not an XRC SRQ: only those have a number",
+                srq.0
+            ))),
+            None => Err(Error::NotFound(format!("SRQ {}", srq.0))),
+        }
+    }
+
+    /// Create an XRC_RECV (target) QP in `xrcd`: no PD, CQs or queues of
+    /// its own (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_XRCD`).
+    pub fn create_xrc_recv_qp(&mut self, xrcd: crate::XrcdHandle) -> Result<u32> {
+        if !self.xrcds.contains_key(&xrcd) {
+            return Err(Error::NotFound(format!("XRCD {}", xrcd.0)));
+        }
+        if self.qps.len() as u32 >= self.ctx.cfg.caps.max_qp {
+            return Err(Error::NoMemory(format!(
+                "the device allows {} QPs",
+                self.ctx.cfg.caps.max_qp
+            )));
+        }
+        let qpn = self.alloc_qpn()?;
+        let init = QpInitAttr {
+            pd: PdHandle(0),
+            qp_type: QpType::XrcRecv,
+            send_cq: CqHandle(0),
+            recv_cq: CqHandle(0),
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
+        let mut qp = Qp::new(qpn, &init, self.ctx.cfg.port_mtu);
+        qp.xrcd = Some(xrcd);
+        if let Some(u) = self.xrcds.get_mut(&xrcd) {
+            *u += 1;
+        }
+        self.qps.insert(qpn, qp);
+        Ok(qpn)
     }
 
     /// Post a receive WR to an SRQ.
@@ -1002,6 +1118,11 @@ impl<M: Memory> Engine<M> {
 
     /// Create a queue pair; returns its QPN. The QP starts in RESET.
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<u32> {
+        if init.qp_type == QpType::XrcRecv {
+            return Err(Error::Invalid(
+                "an XRC_RECV QP belongs to an XRC domain: create it with create_xrc_recv_qp".into(),
+            ));
+        }
         self.pd_ref(init.pd, 0)?;
         let caps = self.ctx.cfg.caps.clone();
         for cq in [init.send_cq, init.recv_cq] {
@@ -1028,7 +1149,14 @@ impl<M: Memory> Engine<M> {
                 c.max_inline_data, caps.max_inline_data
             )));
         }
-        if let Some(srq) = init.srq {
+        if init.qp_type == QpType::XrcSend {
+            // An XRC initiator only sends (IBTA A14.3.3).
+            if init.srq.is_some() {
+                return Err(Error::Invalid(
+                    "an XRC_SEND QP receives nothing: it takes no SRQ".into(),
+                ));
+            }
+        } else if let Some(srq) = init.srq {
             let s = self
                 .ctx
                 .srqs
@@ -1036,6 +1164,9 @@ impl<M: Memory> Engine<M> {
                 .ok_or_else(|| Error::NotFound(format!("SRQ {}", srq.0)))?;
             if s.pd != init.pd {
                 return Err(Error::Invalid("the SRQ belongs to another PD".into()));
+            }
+            if s.xrc.is_some() {
+                return Err(Error::Invalid("an XRC SRQ serves XRC_RECV QPs only".into()));
             }
         } else {
             if c.max_recv_wr == 0 || c.max_recv_wr > caps.max_qp_wr {
@@ -1108,6 +1239,14 @@ impl<M: Memory> Engine<M> {
             .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
         if let Some(t) = qp.timer_key {
             self.timers.remove(&(t, qpn));
+        }
+        if let Some(x) = qp.xrcd {
+            // An XRC target owns no PD, CQ or SRQ (it borrows its SRQ's for
+            // each request): only its domain counts it.
+            if let Some(u) = self.xrcds.get_mut(&x) {
+                *u = u.saturating_sub(1);
+            }
+            return Ok(());
         }
         for cq in [qp.send_cq, qp.recv_cq] {
             if let Some(c) = self.ctx.cqs.get_mut(&cq) {
@@ -1428,6 +1567,12 @@ impl<M: Memory> Engine<M> {
             .qps
             .get_mut(&qpn)
             .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
+        if qp.qp_type.is_xrc() {
+            return Err(Error::Invalid(format!(
+                "QP {qpn:#x} is {}: XRC receives are posted to an XRC SRQ",
+                qp.qp_type
+            )));
+        }
         if qp.srq.is_some() {
             return Err(Error::Invalid(format!(
                 "QP {qpn:#x} uses an SRQ; post receives with post_srq_recv"
@@ -1597,7 +1742,16 @@ fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<Sen
                 | SendOp::BindMw { .. }
         ),
         QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
+        // XRC has RC's operations but FLUSH and ATOMIC WRITE (Annex A14
+        // predates A19); a target QP sends nothing.
+        QpType::XrcSend => !matches!(wr.op, SendOp::AtomicWrite { .. }),
+        QpType::XrcRecv => false,
     };
+    if qp.qp_type == QpType::XrcSend && wr.xrc_remote_srqn.is_none() {
+        return Err(Error::Invalid(
+            "a WR on an XRC_SEND QP must name the remote XRC SRQ (remote_srqn)".into(),
+        ));
+    }
     if !allowed {
         return Err(Error::Invalid(format!(
             "opcode {} is not supported on a {} QP",

@@ -72,6 +72,9 @@ pub struct SrqHandle(pub u32);
 /// An address handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AhHandle(pub u32);
+/// An XRC domain (`ibv_open_xrcd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct XrcdHandle(pub u32);
 
 /// `enum ibv_event_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -144,6 +144,8 @@ pub(crate) struct Qp {
     pub send_cq: CqHandle,
     pub recv_cq: CqHandle,
     pub srq: Option<SrqHandle>,
+    /// The XRC domain of an XRC_RECV (target) QP.
+    pub xrcd: Option<crate::XrcdHandle>,
     pub cap: QpCap,
     pub sq_sig_all: bool,
     pub state: QpState,
@@ -296,6 +298,7 @@ impl Qp {
             send_cq,
             recv_cq,
             srq,
+            xrcd: None,
             cap,
             sq_sig_all,
             state: QpState::Reset,

@@ -83,8 +83,9 @@ impl fmt::Display for QpState {
     }
 }
 
-/// QP transport service type; rxe implements these three
-/// (`rxe_qp_chk_init` also takes GSI/SMI, which rxe-emu does not).
+/// QP transport service type: kernel rxe's three (`rxe_qp_chk_init` also
+/// takes GSI/SMI, which rxe-emu does not), plus the two halves of XRC
+/// (IBTA Annex A14), which kernel rxe lacks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QpType {
     /// Reliable Connected (`IBV_QPT_RC`).
@@ -93,11 +94,21 @@ pub enum QpType {
     Uc,
     /// Unreliable Datagram (`IBV_QPT_UD`).
     Ud,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`, kernel `IB_QPT_XRC_INI`): sends
+    /// RC-like requests to the XRC SRQ each WR names; receives nothing.
+    XrcSend,
+    /// XRC target (`IBV_QPT_XRC_RECV`, kernel `IB_QPT_XRC_TGT`): in an XRC
+    /// domain, no PD or CQs; executes requests with the PD, receive
+    /// queue and CQ of the XRC SRQ each request names.
+    XrcRecv,
 }
 
 impl QpType {
-    /// Every QP type rxe supports.
+    /// The QP types kernel rxe supports.
     pub const ALL: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
+
+    /// The XRC QP types.
+    pub const XRC: [QpType; 2] = [QpType::XrcSend, QpType::XrcRecv];
 
     /// The `ibv_qp_type` value.
     pub fn ibv(self) -> u32 {
@@ -105,12 +116,28 @@ impl QpType {
             QpType::Rc => 2,
             QpType::Uc => 3,
             QpType::Ud => 4,
+            QpType::XrcSend => 9,
+            QpType::XrcRecv => 10,
         }
     }
 
-    /// From an `ibv_qp_type` value; `None` for types rxe does not implement.
+    /// From an `ibv_qp_type` value; `None` for types rxe-emu does not
+    /// implement.
     pub fn from_ibv(v: u32) -> Option<QpType> {
-        QpType::ALL.into_iter().find(|t| t.ibv() == v)
+        QpType::ALL
+            .into_iter()
+            .chain(QpType::XRC)
+            .find(|t| t.ibv() == v)
+    }
+
+    /// Reliable: PSNs, ACKs, retransmission (RC and both XRC halves).
+    pub fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    /// One of the XRC halves.
+    pub fn is_xrc(self) -> bool {
+        matches!(self, QpType::XrcSend | QpType::XrcRecv)
     }
 }
 
@@ -121,6 +148,8 @@ impl fmt::Display for QpType {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
+            QpType::XrcSend => "XRC_SEND",
+            QpType::XrcRecv => "XRC_RECV",
         })
     }
 }
@@ -624,13 +653,16 @@ impl TransitionAttrs {
     }
 }
 
-/// One legal (from, to) pair and what it takes for RC, UC and UD.
+/// One legal (from, to) pair and what it takes for RC, UC, UD and the XRC
+/// initiator and target.
 struct TableRow {
     from: QpState,
     to: QpState,
     rc: TransitionAttrs,
     uc: TransitionAttrs,
     ud: TransitionAttrs,
+    xrc_ini: TransitionAttrs,
+    xrc_tgt: TransitionAttrs,
 }
 
 impl TableRow {
@@ -642,6 +674,8 @@ impl TableRow {
             rc: attrs,
             uc: attrs,
             ud: attrs,
+            xrc_ini: attrs,
+            xrc_tgt: attrs,
         }
     }
 
@@ -650,6 +684,8 @@ impl TableRow {
             QpType::Rc => self.rc,
             QpType::Uc => self.uc,
             QpType::Ud => self.ud,
+            QpType::XrcSend => self.xrc_ini,
+            QpType::XrcRecv => self.xrc_tgt,
         }
     }
 }
@@ -671,6 +707,8 @@ const QP_STATE_TABLE: [TableRow; 22] = {
             rc: T::required(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
             uc: T::required(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
             ud: T::required(&[A::PKEY_INDEX, A::PORT, A::QKEY]),
+            xrc_ini: T::required(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
+            xrc_tgt: T::required(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
         },
         TableRow::uniform(Init, Reset, T::BARE),
         TableRow::uniform(Init, Err, T::BARE),
@@ -680,6 +718,8 @@ const QP_STATE_TABLE: [TableRow; 22] = {
             rc: T::optional(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
             uc: T::optional(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
             ud: T::optional(&[A::PKEY_INDEX, A::PORT, A::QKEY]),
+            xrc_ini: T::optional(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
+            xrc_tgt: T::optional(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]),
         },
         TableRow {
             from: Init,
@@ -700,6 +740,21 @@ const QP_STATE_TABLE: [TableRow; 22] = {
                 QpAttrMask::union_of(&[A::ALT_PATH, A::ACCESS_FLAGS, A::PKEY_INDEX]),
             ),
             ud: T::optional(&[A::PKEY_INDEX, A::QKEY]),
+            xrc_ini: T::new(
+                QpAttrMask::union_of(&[A::AV, A::PATH_MTU, A::DEST_QPN, A::RQ_PSN]),
+                QpAttrMask::union_of(&[A::ALT_PATH, A::ACCESS_FLAGS, A::PKEY_INDEX]),
+            ),
+            xrc_tgt: T::new(
+                QpAttrMask::union_of(&[
+                    A::AV,
+                    A::PATH_MTU,
+                    A::DEST_QPN,
+                    A::RQ_PSN,
+                    A::MAX_DEST_RD_ATOMIC,
+                    A::MIN_RNR_TIMER,
+                ]),
+                QpAttrMask::union_of(&[A::ALT_PATH, A::ACCESS_FLAGS, A::PKEY_INDEX]),
+            ),
         },
         TableRow::uniform(Rtr, Reset, T::BARE),
         TableRow::uniform(Rtr, Err, T::BARE),
@@ -732,6 +787,31 @@ const QP_STATE_TABLE: [TableRow; 22] = {
                 ]),
             ),
             ud: T::new(A::SQ_PSN, QpAttrMask::union_of(&[A::CUR_STATE, A::QKEY])),
+            xrc_ini: T::new(
+                QpAttrMask::union_of(&[
+                    A::TIMEOUT,
+                    A::RETRY_CNT,
+                    A::RNR_RETRY,
+                    A::SQ_PSN,
+                    A::MAX_QP_RD_ATOMIC,
+                ]),
+                QpAttrMask::union_of(&[
+                    A::CUR_STATE,
+                    A::ALT_PATH,
+                    A::ACCESS_FLAGS,
+                    A::PATH_MIG_STATE,
+                ]),
+            ),
+            xrc_tgt: T::new(
+                QpAttrMask::union_of(&[A::TIMEOUT, A::SQ_PSN]),
+                QpAttrMask::union_of(&[
+                    A::CUR_STATE,
+                    A::ALT_PATH,
+                    A::ACCESS_FLAGS,
+                    A::MIN_RNR_TIMER,
+                    A::PATH_MIG_STATE,
+                ]),
+            ),
         },
         TableRow::uniform(Rts, Reset, T::BARE),
         TableRow::uniform(Rts, Err, T::BARE),
@@ -752,6 +832,19 @@ const QP_STATE_TABLE: [TableRow; 22] = {
                 A::PATH_MIG_STATE,
             ]),
             ud: T::optional(&[A::CUR_STATE, A::QKEY]),
+            xrc_ini: T::optional(&[
+                A::CUR_STATE,
+                A::ACCESS_FLAGS,
+                A::ALT_PATH,
+                A::PATH_MIG_STATE,
+            ]),
+            xrc_tgt: T::optional(&[
+                A::CUR_STATE,
+                A::ACCESS_FLAGS,
+                A::ALT_PATH,
+                A::PATH_MIG_STATE,
+                A::MIN_RNR_TIMER,
+            ]),
         },
         TableRow::uniform(Rts, Sqd, T::optional(&[A::EN_SQD_ASYNC_NOTIFY])),
         TableRow::uniform(Sqd, Reset, T::BARE),
@@ -773,6 +866,19 @@ const QP_STATE_TABLE: [TableRow; 22] = {
                 A::PATH_MIG_STATE,
             ]),
             ud: T::optional(&[A::CUR_STATE, A::QKEY]),
+            xrc_ini: T::optional(&[
+                A::CUR_STATE,
+                A::ALT_PATH,
+                A::ACCESS_FLAGS,
+                A::PATH_MIG_STATE,
+            ]),
+            xrc_tgt: T::optional(&[
+                A::CUR_STATE,
+                A::ALT_PATH,
+                A::ACCESS_FLAGS,
+                A::MIN_RNR_TIMER,
+                A::PATH_MIG_STATE,
+            ]),
         },
         TableRow {
             from: Sqd,
@@ -799,6 +905,29 @@ const QP_STATE_TABLE: [TableRow; 22] = {
                 A::PATH_MIG_STATE,
             ]),
             ud: T::optional(&[A::PKEY_INDEX, A::QKEY]),
+            xrc_ini: T::optional(&[
+                A::PORT,
+                A::AV,
+                A::TIMEOUT,
+                A::RETRY_CNT,
+                A::RNR_RETRY,
+                A::MAX_QP_RD_ATOMIC,
+                A::ALT_PATH,
+                A::ACCESS_FLAGS,
+                A::PKEY_INDEX,
+                A::PATH_MIG_STATE,
+            ]),
+            xrc_tgt: T::optional(&[
+                A::PORT,
+                A::AV,
+                A::TIMEOUT,
+                A::MAX_DEST_RD_ATOMIC,
+                A::ALT_PATH,
+                A::ACCESS_FLAGS,
+                A::PKEY_INDEX,
+                A::MIN_RNR_TIMER,
+                A::PATH_MIG_STATE,
+            ]),
         },
         TableRow::uniform(Sqe, Reset, T::BARE),
         TableRow::uniform(Sqe, Err, T::BARE),
@@ -810,6 +939,8 @@ const QP_STATE_TABLE: [TableRow; 22] = {
             rc: T::BARE,
             uc: T::optional(&[A::CUR_STATE, A::ACCESS_FLAGS]),
             ud: T::optional(&[A::CUR_STATE, A::QKEY]),
+            xrc_ini: T::BARE,
+            xrc_tgt: T::BARE,
         },
         TableRow::uniform(Err, Reset, T::BARE),
         TableRow::uniform(Err, Err, T::BARE),
@@ -1204,6 +1335,49 @@ mod tests {
             opt -= M::AV;
         }
         opt
+    }
+
+    /// The XRC columns of kernel `qp_state_table`: the initiator needs no
+    /// responder attributes, the target no requester ones.
+    #[test]
+    fn xrc_columns_follow_the_kernel_table() {
+        use QpType::{XrcRecv, XrcSend};
+        let req = |t, f, to| transition_masks(t, f, to).unwrap().required;
+        assert_eq!(
+            req(XrcSend, Init, Rtr),
+            M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN
+        );
+        assert_eq!(
+            req(XrcRecv, Init, Rtr),
+            M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER
+        );
+        assert_eq!(
+            req(XrcSend, Rtr, Rts),
+            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
+        );
+        assert_eq!(req(XrcRecv, Rtr, Rts), M::TIMEOUT | M::SQ_PSN);
+        for t in QpType::XRC {
+            assert_eq!(QpType::from_ibv(t.ibv()), Some(t));
+            assert!(t.is_reliable() && t.is_xrc());
+            assert_eq!(
+                req(t, Reset, Init),
+                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS
+            );
+            // The target's RTR mask with the initiator's RTS attributes is refused.
+            let e = validate_transition(
+                XrcRecv,
+                Rtr,
+                M::STATE | M::TIMEOUT | M::SQ_PSN | M::RETRY_CNT,
+                &to_state(Rtr, Rts),
+            );
+            assert!(e.is_err());
+        }
+        assert_eq!(QpType::XrcSend.to_string(), "XRC_SEND");
     }
 
     #[test]

@@ -60,9 +60,22 @@ pub(crate) fn handle<M: Memory>(
     };
     let transport_ok = matches!(
         (bth.opcode.transport(), qp.qp_type),
-        (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud)
+        (Transport::Rc, QpType::Rc)
+            | (Transport::Uc, QpType::Uc)
+            | (Transport::Ud, QpType::Ud)
+            | (Transport::Xrc, QpType::XrcSend | QpType::XrcRecv)
     );
-    if !transport_ok || !qp.can_receive() {
+    // An XRC initiator takes only responses, a target only requests.
+    let is_req = bth
+        .opcode
+        .info()
+        .is_some_and(|i| i.flags.contains(OpFlags::REQ));
+    let xrc_role_ok = match qp.qp_type {
+        QpType::XrcSend => !is_req,
+        QpType::XrcRecv => is_req,
+        _ => true,
+    };
+    if !transport_ok || !xrc_role_ok || !qp.can_receive() {
         ctx.counters.rcvd_bad_qp += 1;
         return None;
     }
@@ -88,6 +101,11 @@ pub(crate) fn handle<M: Memory>(
         crate::resp::on_request(qp, ctx, &pkt, dg);
     } else if qp.qp_type == QpType::Rc {
         crate::comp::on_response(qp, ctx, now, &pkt);
+    } else if qp.qp_type == QpType::XrcSend {
+        // The completer knows RC's opcodes; XRC responses are their twins.
+        let mut rc = pkt.clone();
+        rc.bth.opcode = pkt.bth.opcode.xrc_to_rc().unwrap_or(pkt.bth.opcode);
+        crate::comp::on_response(qp, ctx, now, &rc);
     } else {
         ctx.counters.rcvd_bad_qp += 1;
         qp.counters.rcvd_bad_qp += 1;

@@ -79,7 +79,7 @@ pub(crate) fn run<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
                 complete_from_head(qp, ctx);
                 continue;
             }
-            if qp.qp_type == QpType::Rc && w.wr.op.needs_rd_atomic() {
+            if qp.qp_type.is_reliable() && w.wr.op.needs_rd_atomic() {
                 if qp.attr.max_rd_atomic == 0 {
                     // Kernel rxe would wait forever here; we fail the WR instead
                     // so that the application sees why nothing happens.
@@ -100,7 +100,7 @@ pub(crate) fn run<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
                 }
             }
         }
-        if qp.qp_type == QpType::Rc && qp.req_psn.diff(qp.comp_psn) >= MAX_UNACKED_PSNS {
+        if qp.qp_type.is_reliable() && qp.req_psn.diff(qp.comp_psn) >= MAX_UNACKED_PSNS {
             break;
         }
         if !send_one(qp, ctx, idx, now) {
@@ -192,8 +192,14 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
             src: u.src,
             dst: u.dst,
             src_port,
+            xrc: false,
         },
-        (None, Some((src, dst))) => Route { src, dst, src_port },
+        (None, Some((src, dst))) => Route {
+            src,
+            dst,
+            src_port,
+            xrc: qp.qp_type.is_xrc(),
+        },
         (None, None) => {
             fail_wqe(
                 qp,
@@ -332,9 +338,10 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
             }
         }
     }
+    h.xrc_srqn = w.wr.xrc_remote_srqn;
     // AckReq: RC only (the captures show none on UC/UD), on the last packet
     // of a message and on every 65th packet in between (kernel noack_pkts).
-    if qp_type == QpType::Rc {
+    if qp_type.is_reliable() {
         h.ack_req = last || {
             let n = qp.noack_pkts;
             qp.noack_pkts += 1;
@@ -370,7 +377,7 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
         return false;
     }
     qp.req_psn = psn.add(npsn);
-    if qp_type == QpType::Rc && qp.retrans_deadline.is_none() {
+    if qp_type.is_reliable() && qp.retrans_deadline.is_none() {
         if let Some(t) = qp.retrans_timeout_ns() {
             qp.retrans_deadline = Some(now + std::time::Duration::from_nanos(t));
         }
@@ -389,7 +396,7 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
         return true;
     }
     qp.req_idx += 1;
-    if qp_type == QpType::Rc {
+    if qp_type.is_reliable() {
         w.state = WqeState::Pending;
     } else {
         // UC and UD need no acknowledgement: done once sent (kernel rxe_xmit_packet).
@@ -459,7 +466,7 @@ pub(crate) fn complete_from_head<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
                     w.status,
                     w.error_reason.as_deref().unwrap_or("no further detail")
                 );
-                if qp.qp_type == QpType::Rc {
+                if qp.qp_type.is_reliable() {
                     enter_error(qp, ctx, Some(why));
                 } else {
                     // IBTA 10.3.1: on UC and UD a send-side error moves the QP

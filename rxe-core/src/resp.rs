@@ -65,6 +65,7 @@ fn route(qp: &Qp) -> Option<Route> {
         src,
         dst,
         src_port: qp.src_port,
+        xrc: qp.qp_type.is_xrc(),
     })
 }
 
@@ -282,7 +283,57 @@ fn has_recv<M>(qp: &Qp, ctx: &Ctx<M>) -> bool {
 }
 
 /// Handle a request packet (it has the REQ flag) for this QP.
+///
+/// An XRC target first takes the PD, receive queue and CQ of the XRC SRQ
+/// the request's XRCETH names (IBTA A14.5.3: it must be an XRC SRQ of the
+/// QP's XRC domain, else the request is NAKed as invalid), then handles
+/// the request as RC does, under the RC twin of its opcode.
 pub(crate) fn on_request<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    pkt: &PacketRepr<'_>,
+    dg: &RxDatagram<'_>,
+) {
+    if qp.qp_type != QpType::XrcRecv {
+        on_rc_request(qp, ctx, pkt, dg);
+        return;
+    }
+    let Some(x) = pkt.xrceth else {
+        count!(ctx, qp, rcvd_malformed);
+        return;
+    };
+    if let Err(why) = xrc_bind(qp, ctx, x.srqn) {
+        responder_fault(qp, ctx, pkt.bth.psn, invalid(why));
+        return;
+    }
+    let mut rc = pkt.clone();
+    rc.bth.opcode = pkt.bth.opcode.xrc_to_rc().unwrap_or(pkt.bth.opcode);
+    on_rc_request(qp, ctx, &rc, dg);
+}
+
+/// Point an XRC target QP at the XRC SRQ number `srqn`.
+fn xrc_bind<M>(qp: &mut Qp, ctx: &Ctx<M>, srqn: u32) -> Result<(), String> {
+    let h = crate::SrqHandle(srqn);
+    let Some(s) = ctx.srqs.get(&h) else {
+        return Err(format!(
+            "the request names XRC SRQ {srqn:#x}, which does not exist"
+        ));
+    };
+    match s.xrc {
+        Some((xrcd, cq)) if Some(xrcd) == qp.xrcd => {
+            qp.srq = Some(h);
+            qp.pd = s.pd;
+            qp.recv_cq = cq;
+            Ok(())
+        }
+        _ => Err(format!(
+            "the request names SRQ {srqn:#x}, which is not an XRC SRQ of XRC_RECV QP {:#x}'s XRC domain",
+            qp.qpn
+        )),
+    }
+}
+
+fn on_rc_request<M: Memory>(
     qp: &mut Qp,
     ctx: &mut Ctx<M>,
     pkt: &PacketRepr<'_>,
@@ -309,7 +360,7 @@ pub(crate) fn on_request<M: Memory>(
     let psn = pkt.bth.psn;
 
     // --- PSN (kernel check_psn) ---
-    if qp.qp_type == QpType::Rc {
+    if qp.qp_type.is_reliable() {
         let d = psn.diff(qp.resp_psn);
         if d > 0 {
             // Class B: one NAK per gap, then silence until the gap closes.
@@ -378,7 +429,7 @@ fn responder_fault<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn, f: Fault)
     else {
         return;
     };
-    if qp.qp_type == QpType::Rc {
+    if qp.qp_type.is_reliable() {
         send_ack(qp, ctx, Syndrome::Nak(nak), psn);
     }
     if let Some(a) = qp.recv.take() {
@@ -430,7 +481,7 @@ fn access(e: KeyError, what: &str) -> Fault {
 
 /// Class C for RC, drop for UC.
 fn class_c(qp: &Qp, f: Fault) -> Fault {
-    if qp.qp_type == QpType::Rc {
+    if qp.qp_type.is_reliable() {
         f
     } else {
         Fault::Drop
@@ -514,7 +565,7 @@ fn execute<M: Memory>(
 
     // --- resources (kernel check_resource) ---
     if flags.contains(OpFlags::RWR) && qp.recv.is_none() && !has_recv(qp, ctx) {
-        return Err(if qp.qp_type == QpType::Rc {
+        return Err(if qp.qp_type.is_reliable() {
             Fault::Rnr
         } else {
             Fault::Drop
@@ -585,7 +636,7 @@ fn execute<M: Memory>(
         qp.write = None;
     }
     // --- acknowledge ---
-    if qp.qp_type == QpType::Rc && pkt.bth.ack_req {
+    if qp.qp_type.is_reliable() && pkt.bth.ack_req {
         send_ack(qp, ctx, ACK, psn);
     }
     Ok(())
@@ -602,7 +653,7 @@ fn send_data<M: Memory>(
     }
     let pd = qp.pd;
     let Some(a) = qp.recv.as_mut() else {
-        return Err(if qp.qp_type == QpType::Rc {
+        return Err(if qp.qp_type.is_reliable() {
             Fault::Rnr
         } else {
             Fault::Drop
@@ -628,7 +679,7 @@ fn send_data<M: Memory>(
                 a.wqe.length,
                 a.wqe.wr_id
             );
-            if qp.qp_type == QpType::Rc {
+            if qp.qp_type.is_reliable() {
                 // IBTA 9.9.3.1.2: invalid request NAK; the receive completes
                 // with a local length error.
                 Err(fatal(

@@ -504,10 +504,15 @@ impl Network {
         rq_psn: u32,
         o: &ConnectOpts,
     ) -> crate::Result<()> {
-        use crate::{AhAttr, QpAttr, QpAttrMask as M, QpState, QpType};
+        use crate::qp_attr::transition_masks;
+        use crate::{AhAttr, QpAttr, QpAttrMask as M, QpState};
         let now = self.now;
         let eng = &mut self.nodes[me.node];
-        let is_rc = eng.query_qp(me.qpn)?.1.qp_type == QpType::Rc;
+        let qp_type = eng.query_qp(me.qpn)?.1.qp_type;
+        // What each transition requires of this QP type (kernel
+        // qp_state_table), so RC, UC and both XRC halves come up alike.
+        let required =
+            |from, to| transition_masks(qp_type, from, to).map_or(M::empty(), |t| t.required);
         let a = QpAttr {
             qp_state: Some(QpState::Init),
             pkey_index: 0,
@@ -519,7 +524,7 @@ impl Network {
             now,
             me.qpn,
             &a,
-            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+            M::STATE | required(QpState::Reset, QpState::Init),
         )?;
         let a = QpAttr {
             qp_state: Some(QpState::Rtr),
@@ -538,11 +543,12 @@ impl Network {
             },
             ..QpAttr::default()
         };
-        let mut mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
-        if is_rc {
-            mask |= M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
-        }
-        eng.modify_qp(now, me.qpn, &a, mask)?;
+        eng.modify_qp(
+            now,
+            me.qpn,
+            &a,
+            M::STATE | required(QpState::Init, QpState::Rtr),
+        )?;
         let a = QpAttr {
             qp_state: Some(QpState::Rts),
             sq_psn,
@@ -552,10 +558,11 @@ impl Network {
             max_rd_atomic: o.max_rd_atomic,
             ..QpAttr::default()
         };
-        let mut mask = M::STATE | M::SQ_PSN;
-        if is_rc {
-            mask |= M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-        }
-        eng.modify_qp(now, me.qpn, &a, mask)
+        eng.modify_qp(
+            now,
+            me.qpn,
+            &a,
+            M::STATE | required(QpState::Rtr, QpState::Rts),
+        )
     }
 }

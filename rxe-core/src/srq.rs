@@ -3,11 +3,14 @@
 use std::collections::VecDeque;
 
 use crate::qp::RecvWqe;
-use crate::PdHandle;
+use crate::{CqHandle, PdHandle, XrcdHandle};
 
 #[derive(Debug)]
 pub(crate) struct Srq {
     pub pd: PdHandle,
+    /// An XRC SRQ (`IBV_SRQT_XRC`): its XRC domain and the CQ its
+    /// receives complete on (XRC target QPs have none of their own).
+    pub xrc: Option<(XrcdHandle, CqHandle)>,
     pub queue: VecDeque<RecvWqe>,
     pub max_wr: u32,
     pub max_sge: u32,

@@ -10,6 +10,7 @@ use wire::icrc::IpUdpInfo;
 use wire::ieth::IethRepr;
 use wire::immdt::ImmDtRepr;
 use wire::reth::RethRepr;
+use wire::xrceth::XrcEthRepr;
 use wire::{Opcode, PacketRepr, Psn, ROCEV2_UDP_PORT};
 
 use crate::engine::{Ctx, Transmit};
@@ -36,6 +37,8 @@ pub(crate) struct Headers {
     pub deth: Option<DethRepr>,
     pub immdt: Option<u32>,
     pub ieth: Option<u32>,
+    /// The target XRC SRQ of a request from an XRC_SEND QP.
+    pub xrc_srqn: Option<u32>,
 }
 
 impl Headers {
@@ -53,6 +56,7 @@ impl Headers {
             deth: None,
             immdt: None,
             ieth: None,
+            xrc_srqn: None,
         }
     }
 }
@@ -63,6 +67,9 @@ pub(crate) struct Route {
     pub src: IpAddr,
     pub dst: IpAddr,
     pub src_port: u16,
+    /// The QP is an XRC one: the engine's RC opcodes go out as their XRC
+    /// twins, requests with an XRCETH (IBTA A14).
+    pub xrc: bool,
 }
 
 /// Build a packet with `payload_len` bytes filled by `fill`, compute its ICRC
@@ -78,9 +85,26 @@ pub(crate) fn emit<M, E>(
     if payload_len > MAX_PAYLOAD {
         return Err(EmitError::Build(wire::Error::Malformed));
     }
+    let (opcode, xrceth) = if route.xrc {
+        let x = h
+            .opcode
+            .to_xrc()
+            .ok_or(EmitError::Build(wire::Error::UnknownOpcode(h.opcode.0)))?;
+        let has_eth = x
+            .info()
+            .is_some_and(|i| i.flags.contains(wire::OpFlags::XRCETH));
+        let eth = match (has_eth, h.xrc_srqn) {
+            (true, Some(srqn)) => Some(XrcEthRepr { srqn }),
+            (true, None) => return Err(EmitError::Build(wire::Error::Malformed)),
+            (false, _) => None,
+        };
+        (x, eth)
+    } else {
+        (h.opcode, None)
+    };
     let repr = PacketRepr {
         bth: BthRepr {
-            opcode: h.opcode,
+            opcode,
             solicited: h.solicited,
             mig_req: false,
             pad_count: 0,
@@ -94,7 +118,7 @@ pub(crate) fn emit<M, E>(
         },
         rdeth: None,
         deth: h.deth,
-        xrceth: None,
+        xrceth,
         reth: h.reth,
         feth: None,
         atomic: h.atomic,

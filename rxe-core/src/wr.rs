@@ -263,6 +263,9 @@ pub struct SendWr {
     pub flags: SendFlags,
     /// Required for UD QPs, ignored otherwise.
     pub ud: Option<UdDest>,
+    /// The remote XRC SRQ number (`wr.qp_type.xrc.remote_srqn`,
+    /// `ibv_wr_set_xrc_srqn`): required for XRC_SEND QPs, ignored otherwise.
+    pub xrc_remote_srqn: Option<u32>,
 }
 
 impl SendWr {
@@ -274,6 +277,7 @@ impl SendWr {
             sg_list,
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_remote_srqn: None,
         }
     }
 }

@@ -1371,3 +1371,255 @@ fn ud_multicast_reaches_every_attached_qp_once() {
     n.node(1).destroy_qp(b1.qpn).unwrap();
     assert!(n.node(1).mcast_groups().is_empty());
 }
+
+/// XRC (IBTA Annex A14) over a lossy link: an XRC_SEND QP on node A
+/// reaches XRC SRQs of node B's XRC domain through one XRC_RECV QP. Each
+/// request names its SRQ, whose PD guards RDMA and whose CQ takes the
+/// receives; on the wire every request is an XRC opcode with an XRCETH.
+#[test]
+fn xrc_send_write_read_atomic_through_xrc_srqs() {
+    use std::sync::{Arc, Mutex};
+    let mut n = net(
+        91,
+        LinkConfig {
+            loss: 0.2,
+            ..LinkConfig::perfect()
+        },
+    );
+    type Seen = Arc<Mutex<Vec<(u8, Option<u32>)>>>;
+    let seen: Seen = Arc::default();
+    let s2 = seen.clone();
+    n.set_tap(move |_, t| {
+        if let Ok(p) = wire::PacketRepr::parse(&t.payload) {
+            s2.lock()
+                .unwrap()
+                .push((p.bth.opcode.0, p.xrceth.map(|x| x.srqn)));
+        }
+    });
+    // Node B: an XRC domain, two XRC SRQs (PDs pd1, pd2; CQs), a target QP.
+    let b = n.node(1);
+    let xrcd = b.alloc_xrcd().unwrap();
+    let (pd1, pd2) = (b.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (cq1, cq2) = (b.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let attr = SrqAttr {
+        max_wr: 16,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let srq1 = b.create_xrc_srq(pd1, xrcd, cq1, attr).unwrap();
+    let srq2 = b.create_xrc_srq(pd2, xrcd, cq2, attr).unwrap();
+    let plain = b.create_srq(pd1, attr).unwrap();
+    let (n1, n2) = (b.srq_num(srq1).unwrap(), b.srq_num(srq2).unwrap());
+    assert!(b.srq_num(plain).is_err(), "only XRC SRQs have numbers");
+    let tgt = b.create_xrc_recv_qp(xrcd).unwrap();
+    assert!(
+        b.post_recv(
+            tgt,
+            RecvWr {
+                wr_id: 0,
+                sg_list: vec![]
+            }
+        )
+        .is_err(),
+        "XRC receives go to the SRQ"
+    );
+    assert!(matches!(
+        b.dealloc_xrcd(xrcd),
+        Err(rxe_core::Error::Busy(_))
+    ));
+    // Node A: an initiator (send only).
+    let ini = n.create_endpoint(0, QpType::XrcSend, None, None, 16);
+    let ini = match ini {
+        Ok(e) => e,
+        Err(e) => panic!("create XRC_SEND: {e}"),
+    };
+    let tgt_end = QpEnd {
+        node: 1,
+        qpn: tgt,
+        pd: pd1,
+        send_cq: cq1,
+        recv_cq: cq1,
+    };
+    n.connect(&ini, &tgt_end, &ConnectOpts::default()).unwrap();
+
+    // SEND with immediate to SRQ 2: its receive, its CQ.
+    let r2 = buf(&mut n, 1, pd2, 600, AccessFlags::LOCAL_WRITE);
+    n.node(1)
+        .post_srq_recv(
+            srq2,
+            RecvWr {
+                wr_id: 22,
+                sg_list: vec![sge(&r2)],
+            },
+        )
+        .unwrap();
+    let src = buf(&mut n, 0, ini.pd, 3000, AccessFlags::LOCAL_WRITE);
+    fill(&mut n, 0, &src, 7);
+    let mut wr = SendWr::new(
+        1,
+        SendOp::SendWithImm { imm: 0xabc },
+        vec![Sge {
+            addr: src.addr,
+            length: 600,
+            lkey: src.lkey,
+        }],
+    );
+    wr.xrc_remote_srqn = Some(n2);
+    post(&mut n, &ini, wr);
+    // WRITE (3 packets) and READ into pd1's memory through SRQ 1.
+    let remote = buf(&mut n, 1, pd1, 4096, ALL);
+    let mut wr = SendWr::new(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: remote.addr + 8,
+            rkey: remote.rkey,
+        },
+        vec![sge(&src)],
+    );
+    wr.xrc_remote_srqn = Some(n1);
+    post(&mut n, &ini, wr);
+    let back = buf(&mut n, 0, ini.pd, 3000, AccessFlags::LOCAL_WRITE);
+    let mut wr = SendWr::new(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: remote.addr + 8,
+            rkey: remote.rkey,
+        },
+        vec![sge(&back)],
+    );
+    wr.xrc_remote_srqn = Some(n1);
+    post(&mut n, &ini, wr);
+    let old = buf(&mut n, 0, ini.pd, 8, AccessFlags::LOCAL_WRITE);
+    let mut wr = SendWr::new(
+        4,
+        SendOp::AtomicFetchAdd {
+            remote_addr: remote.addr + 4000,
+            rkey: remote.rkey,
+            add: 5,
+        },
+        vec![sge(&old)],
+    );
+    wr.xrc_remote_srqn = Some(n1);
+    post(&mut n, &ini, wr);
+    settle(&mut n);
+    let wcs = drain(&mut n, &ini);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [1, 2, 3, 4].map(|i| (i, WcStatus::Success))
+    );
+    let rc = n.node(1).poll_cq(cq2, 8).unwrap();
+    assert_eq!(rc.len(), 1);
+    assert_eq!((rc[0].wr_id, rc[0].byte_len, rc[0].qp_num), (22, 600, tgt));
+    assert_eq!(rc[0].imm_data, 0xabc);
+    assert!(n.node(1).poll_cq(cq1, 8).unwrap().is_empty());
+    assert_eq!(
+        read(&mut n, 1, r2.addr, 600),
+        read(&mut n, 0, src.addr, 600)
+    );
+    assert_eq!(
+        read(&mut n, 1, remote.addr + 8, 3000),
+        read(&mut n, 0, src.addr, 3000)
+    );
+    assert_eq!(
+        read(&mut n, 0, back.addr, 3000),
+        read(&mut n, 0, src.addr, 3000)
+    );
+    assert_eq!(read(&mut n, 1, remote.addr + 4000, 8), 5u64.to_ne_bytes());
+    // The wire: XRC opcodes only; requests carry the SRQ they name.
+    {
+        let seen = seen.lock().unwrap();
+        assert!(seen.iter().all(|(op, _)| op >> 5 == 0b101), "{seen:?}");
+        assert!(
+            seen.contains(&(0xa5, Some(n2))),
+            "SEND_ONLY_WITH_IMM to SRQ 2"
+        );
+        assert!(seen.contains(&(0xa6, Some(n1))), "WRITE_FIRST to SRQ 1");
+        assert!(seen.contains(&(0xac, Some(n1))), "READ_REQUEST");
+        assert!(seen.contains(&(0xb4, Some(n1))), "FETCH_ADD");
+        assert!(
+            seen.iter().any(|(op, x)| *op == 0xb1 && x.is_none()),
+            "ACKs"
+        );
+        assert!(
+            seen.iter().any(|(op, x)| *op == 0xb2 && x.is_none()),
+            "atomic ACK"
+        );
+    }
+    assert!(n.stats().lost > 0, "the link lost packets");
+
+    // SRQ 2's PD does not own pd1's MR: an access error, as its rkey's PD
+    // differs from the PD of the SRQ the request names.
+    let mut wr = SendWr::new(
+        5,
+        SendOp::RdmaWrite {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        },
+        vec![sge(&old)],
+    );
+    wr.xrc_remote_srqn = Some(n2);
+    post(&mut n, &ini, wr);
+    settle(&mut n);
+    let w = drain(&mut n, &ini);
+    assert_eq!(w[0].status, WcStatus::RemAccessErr, "{w:?}");
+}
+
+/// A request naming an SRQ that is not an XRC SRQ of the target's domain
+/// is NAKed as invalid; a WR without a remote SRQ number is refused at
+/// post time; destroy order is enforced.
+#[test]
+fn xrc_bad_srq_number_and_object_rules() {
+    let mut n = net(92, LinkConfig::perfect());
+    let b = n.node(1);
+    let xrcd = b.alloc_xrcd().unwrap();
+    let other = b.alloc_xrcd().unwrap();
+    let pd = b.alloc_pd().unwrap();
+    let cq = b.create_cq(8).unwrap();
+    let attr = SrqAttr {
+        max_wr: 4,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let foreign = b.create_xrc_srq(pd, other, cq, attr).unwrap();
+    let foreign_num = b.srq_num(foreign).unwrap();
+    let tgt = b.create_xrc_recv_qp(xrcd).unwrap();
+    let ini = n
+        .create_endpoint(0, QpType::XrcSend, None, None, 4)
+        .unwrap();
+    let tgt_end = QpEnd {
+        node: 1,
+        qpn: tgt,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+    };
+    n.connect(&ini, &tgt_end, &ConnectOpts::default()).unwrap();
+    let src = buf(&mut n, 0, ini.pd, 16, AccessFlags::LOCAL_WRITE);
+    let now = n.now();
+    let err = n
+        .node(0)
+        .post_send(now, ini.qpn, SendWr::new(1, SendOp::Send, vec![sge(&src)]))
+        .unwrap_err();
+    assert!(err.to_string().contains("remote XRC SRQ"), "{err}");
+    let mut wr = SendWr::new(2, SendOp::Send, vec![sge(&src)]);
+    wr.xrc_remote_srqn = Some(foreign_num);
+    post(&mut n, &ini, wr);
+    settle(&mut n);
+    let w = drain(&mut n, &ini);
+    assert_eq!(w[0].status, WcStatus::RemInvReqErr, "{w:?}");
+    assert_eq!(n.node(1).qp_state(tgt), Some(QpState::Err));
+    assert!(n
+        .node(1)
+        .qp_error_reason(tgt)
+        .unwrap()
+        .contains("XRC domain"));
+    // Objects: the XRCD outlives its SRQs and target QPs.
+    let b = n.node(1);
+    assert!(b.dealloc_xrcd(other).is_err());
+    b.destroy_srq(foreign).unwrap();
+    b.dealloc_xrcd(other).unwrap();
+    assert!(b.dealloc_xrcd(xrcd).is_err());
+    b.destroy_qp(tgt).unwrap();
+    b.dealloc_xrcd(xrcd).unwrap();
+    assert!(b.create_xrc_recv_qp(xrcd).is_err(), "closed");
+}

@@ -73,7 +73,7 @@ pub use device::{
 pub use hostmem::HostMemory;
 pub use objects::{
     AddressHandle, CompletionChannel, CompletionQueue, CqId, MemoryRegion, MemoryWindow,
-    ProtectionDomain, QueuePair, SharedReceiveQueue,
+    ProtectionDomain, QueuePair, SharedReceiveQueue, XrcDomain,
 };
 pub use rxe_core::{
     AccessFlags, AhAttr, AsyncEvent, AsyncEventKind, Counters, Mtu, MwBindInfo, QpAttr, QpAttrMask,

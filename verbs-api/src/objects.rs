@@ -340,6 +340,29 @@ impl ProtectionDomain {
         })
     }
 
+    /// Create an XRC SRQ (`IBV_SRQT_XRC`) in `xrcd`: it serves the XRC_RECV
+    /// QPs of that domain whose requests name its number
+    /// ([`SharedReceiveQueue::srq_num`]); their receives complete on `cq`,
+    /// and RDMA to them uses this PD.
+    pub fn create_xrc_srq(
+        &self,
+        xrcd: &XrcDomain,
+        cq: &CompletionQueue,
+        attr: SrqAttr,
+    ) -> Result<SharedReceiveQueue> {
+        self.dev.inner.check_alive()?;
+        let h = self
+            .dev
+            .inner
+            .lock()
+            .create_xrc_srq(self.h, xrcd.h, cq.h, attr)?;
+        Ok(SharedReceiveQueue {
+            dev: self.dev.clone(),
+            h,
+            closed: false,
+        })
+    }
+
     /// Create an address handle for UD sends.
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         let h = self.dev.inner.lock().create_ah(self.h, attr)?;
@@ -840,6 +863,60 @@ impl Drop for QueuePair {
     }
 }
 
+/// An XRC domain (`ibv_open_xrcd`): XRC SRQs and XRC_RECV QPs in it
+/// serve each other's requests.
+pub struct XrcDomain {
+    dev: Device,
+    h: rxe_core::XrcdHandle,
+    closed: bool,
+}
+
+impl Device {
+    /// Open a new XRC domain.
+    pub fn alloc_xrcd(&self) -> Result<XrcDomain> {
+        self.inner.check_alive()?;
+        let h = self.inner.lock().alloc_xrcd()?;
+        Ok(XrcDomain {
+            dev: self.clone(),
+            h,
+            closed: false,
+        })
+    }
+}
+
+impl XrcDomain {
+    /// Create an XRC_RECV (target) QP in this domain.
+    pub fn create_recv_qp(&self) -> Result<QueuePair> {
+        self.dev.inner.check_alive()?;
+        let qpn = self.dev.inner.lock().create_xrc_recv_qp(self.h)?;
+        Ok(QueuePair {
+            dev: self.dev.clone(),
+            qpn,
+        })
+    }
+
+    /// `ibv_close_xrcd` with its error: EBUSY (and the domain handed back)
+    /// while XRC SRQs or XRC_RECV QPs use it.
+    pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
+        let r = self.dev.inner.lock().dealloc_xrcd(self.h);
+        match r {
+            Ok(()) => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(e) => Err((self, e.into())),
+        }
+    }
+}
+
+impl Drop for XrcDomain {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = self.dev.inner.lock().dealloc_xrcd(self.h);
+        }
+    }
+}
+
 /// A shared receive queue.
 pub struct SharedReceiveQueue {
     dev: Device,
@@ -848,6 +925,12 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
+    /// The number requests name this XRC SRQ by (`ibv_get_srq_num`);
+    /// EINVAL for a basic SRQ.
+    pub fn srq_num(&self) -> Result<u32> {
+        Ok(self.dev.inner.lock().srq_num(self.h)?)
+    }
+
     /// Arm the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): when
     /// fewer than `limit` WQEs remain, SRQ_LIMIT_REACHED is raised once.
     pub fn set_limit(&self, limit: u32) -> Result<()> {

@@ -740,7 +740,8 @@ fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
             .find(|l| l.starts_with(&format!("    qp {:#x} type Rc ", s.qp.qpn())))
             .unwrap_or_else(|| panic!("no line for QP {:#x}: {stat}", s.qp.qpn()));
         assert_eq!(sent(l), s.qp.counters().sent_pkts, "{stat}");
-        assert_eq!(sent(l), 1, "{stat}");
+        // One each, or more if a slow machine made the requester resend.
+        assert!(sent(l) >= 1, "{stat}");
     }
     // QPs of both processes, with state and PSNs.
     let qps = ask("QPS rxe0");

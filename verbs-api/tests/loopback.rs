@@ -1200,3 +1200,99 @@ fn ud_multicast_over_udp() {
     // to its members; after they left, its socket closed and saw nothing.
     assert_eq!(dev_b.counters().rcvd_pkts, 2);
 }
+
+/// XRC over real sockets: an XRC_SEND QP on one device reaches XRC SRQs of
+/// another device's XRC domain through one XRC_RECV QP.
+#[test]
+fn xrc_over_udp() {
+    let a = side("127.0.6.1", QpType::XrcSend, None);
+    let dev_b = Device::open(DeviceConfig::new("127.0.6.2".parse().unwrap())).unwrap();
+    let pd_b = dev_b.alloc_pd().unwrap();
+    let cq_b = dev_b.create_cq(64).unwrap();
+    let xrcd = dev_b.alloc_xrcd().unwrap();
+    let srq = pd_b
+        .create_xrc_srq(
+            &xrcd,
+            &cq_b,
+            SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let tgt = xrcd.create_recv_qp().unwrap();
+    let b = Side {
+        dev: dev_b,
+        pd: pd_b,
+        cq: cq_b,
+        qp: tgt,
+    };
+    // Each half takes only the attributes kernel qp_state_table lists for it.
+    for (me, peer, sq, rq, ty) in [
+        (&a, &b, 100, 200, QpType::XrcSend),
+        (&b, &a, 200, 100, QpType::XrcRecv),
+    ] {
+        let req = |f, to| {
+            rxe_core::qp_attr::transition_masks(ty, f, to)
+                .unwrap()
+                .required
+        };
+        let attr = QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: 1,
+            qp_access_flags: ALL.bits(),
+            path_mtu: Some(Mtu::M1024),
+            dest_qp_num: peer.qp.qpn(),
+            rq_psn: rq,
+            sq_psn: sq,
+            max_dest_rd_atomic: 4,
+            max_rd_atomic: 4,
+            min_rnr_timer: 12,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ah_attr: AhAttr {
+                dgid: peer.dev.gid(),
+                sgid_index: me.dev.gid_index(),
+                is_global: true,
+                port_num: 1,
+                hop_limit: 64,
+                ..AhAttr::default()
+            },
+            ..QpAttr::default()
+        };
+        for (from, to) in [
+            (QpState::Reset, QpState::Init),
+            (QpState::Init, QpState::Rtr),
+            (QpState::Rtr, QpState::Rts),
+        ] {
+            let a2 = QpAttr {
+                qp_state: Some(to),
+                ..attr
+            };
+            me.qp.modify(&a2, M::STATE | req(from, to)).unwrap();
+        }
+    }
+    let mut rbuf = vec![0u8; 4096];
+    let rmr = b.pd.reg_mr(&mut rbuf, ALL).unwrap();
+    srq.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: vec![rmr.sge(0, 4096)],
+    })
+    .unwrap();
+    let mut sbuf = pattern(3000, 4);
+    let smr = a.pd.reg_mr(&mut sbuf, ALL).unwrap();
+    let mut wr = SendWr::new(1, SendOp::SendWithImm { imm: 77 }, vec![smr.sge(0, 3000)]);
+    wr.xrc_remote_srqn = Some(srq.srq_num().unwrap());
+    a.qp.post_send(wr).unwrap();
+    let wa = a.cq.wait(1, WAIT).unwrap();
+    assert_eq!(wa[0].status, WcStatus::Success, "{wa:?}");
+    let wb = b.cq.wait(1, WAIT).unwrap();
+    assert_eq!(
+        (wb[0].wr_id, wb[0].byte_len, wb[0].qp_num),
+        (9, 3000, b.qp.qpn())
+    );
+    drop(rmr);
+    assert_eq!(&rbuf[..3000], &pattern(3000, 4)[..]);
+}

@@ -30,7 +30,7 @@
 		CHECK(rc_ == (e), "%s = %d, want %s", #expr, rc_, #e);     \
 	} while (0)
 
-static struct ibv_wc poll1(struct ibv_cq *cq)
+static inline struct ibv_wc poll1(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
 	for (long i = 0; i < 200000000L; i++) {
@@ -43,7 +43,7 @@ static struct ibv_wc poll1(struct ibv_cq *cq)
 	return wc;
 }
 
-static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
+static inline void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 {
 	struct ibv_qp_attr a = {0};
 	a.qp_state = IBV_QPS_INIT;
@@ -76,7 +76,7 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 					       IBV_QP_MAX_QP_RD_ATOMIC), 0);
 }
 
-static struct ibv_wc rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
+static inline struct ibv_wc rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
 			  uint32_t lkey, uint64_t laddr, uint32_t len, uint32_t rkey,
 			  uint64_t raddr)
 {
