@@ -269,6 +269,9 @@ impl Ctx {
         if s.peer.is_some() {
             self.ensure_peer_in_guest()?;
             self.ensure_daemon()?;
+        } else if let Some((mut p, _)) = self.emud.take() {
+            // the pingpongs bind 10.77.0.1:4791 themselves
+            p.kill();
         }
         let before = self.counters()?;
         let kcmd = s.kernel_cmd(dir, port);
@@ -571,6 +574,64 @@ fn table(results: &[Outcome], not_run: &[(Scenario, Direction)]) -> String {
     t
 }
 
+/// The same workload in the same role on both implementations: kernel
+/// rxe's counter deltas (requester: `emu-server` runs; responder:
+/// `kernel-server`) beside rxe-emu's device counters from the other
+/// direction. Every counter that differs is listed.
+fn counter_comparison(results: &[Outcome]) -> String {
+    let mut t = String::from(
+        "counters, same workload and role (kernel rxe | rxe-emu; only counters that differ):\n",
+    );
+    let mut any = false;
+    for k in results.iter().filter(|r| r.dir == Direction::EmuServer) {
+        let Some(e) = results
+            .iter()
+            .find(|r| r.name == k.name && r.dir == Direction::KernelServer)
+        else {
+            continue;
+        };
+        if k.emu_counters.is_empty() && e.emu_counters.is_empty() {
+            continue;
+        }
+        any = true;
+        // kernel requester: k.counters; rxe-emu requester: e.emu_counters;
+        // kernel responder: e.counters; rxe-emu responder: k.emu_counters
+        for (role, kern, emu) in [
+            ("requester", &k.counters, &e.emu_counters),
+            ("responder", &e.counters, &k.emu_counters),
+        ] {
+            let mut diff = Vec::new();
+            let names: std::collections::BTreeSet<&String> =
+                kern.keys().chain(emu.keys()).collect();
+            for n in names {
+                let (a, b) = (
+                    kern.get(n).copied().unwrap_or(0),
+                    emu.get(n).copied().unwrap_or(0),
+                );
+                // lifespan and ack_deferred are kernel-only bookkeeping
+                if a != b && !matches!(n.as_str(), "lifespan") {
+                    diff.push(format!("{n} {a}|{b}"));
+                }
+            }
+            let _ = writeln!(
+                t,
+                "  {:<18} {role:<9}  {}",
+                k.name,
+                if diff.is_empty() {
+                    "same".to_string()
+                } else {
+                    diff.join(", ")
+                }
+            );
+        }
+    }
+    if any {
+        t
+    } else {
+        String::new()
+    }
+}
+
 fn main() {
     let o = parse_opts();
     let runs = selected(o.pattern.as_deref());
@@ -681,9 +742,43 @@ fn main() {
         Some((i, _)) => runs[*i..].to_vec(),
         None => Vec::new(),
     };
+    // Same workload, same role: the counters kernel rxe and rxe-emu keep
+    // must agree when nothing had to be recovered.
+    for i in 0..results.len() {
+        let (k, e) = (
+            &results[i],
+            results
+                .iter()
+                .position(|r| r.name == results[i].name && r.dir == Direction::KernelServer),
+        );
+        let Some(j) = e else { continue };
+        if k.dir != Direction::EmuServer
+            || k.emu_counters.is_empty()
+            || results[j].emu_counters.is_empty()
+        {
+            continue;
+        }
+        // kernel requester: k.counters; rxe-emu requester: results[j].emu_counters
+        let cmp = peer::compare_roles(
+            &k.counters,
+            &results[j].emu_counters,
+            &results[j].counters,
+            &k.emu_counters,
+        );
+        match cmp {
+            Some(d) if !d.is_empty() => results[j].failures.push(format!(
+                "counters differ from kernel rxe's in the same role (kernel|rxe-emu): {}",
+                d.join(", ")
+            )),
+            Some(_) => results[j]
+                .notes
+                .push("counters as kernel rxe's in both roles".into()),
+            None => {}
+        }
+    }
     let t = table(&results, &not_run);
     let failed = results.iter().filter(|r| !r.failures.is_empty()).count();
-    let mut summary = format!("\n{t}\n");
+    let mut summary = format!("\n{t}\n{}", counter_comparison(&results));
     let _ = write!(
         summary,
         "{} passed, {} failed",

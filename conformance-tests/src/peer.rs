@@ -268,6 +268,56 @@ impl PeerSpec {
     }
 }
 
+/// Counters that must agree, for the same workload in the same role,
+/// between kernel rxe and rxe-emu.
+pub const COMPARED: &[&str] = &[
+    "sent_pkts",
+    "rcvd_pkts",
+    "rdma_sends",
+    "rdma_recvs",
+    "retry_exceeded_err",
+];
+/// Counters of recovery (retransmission, RNR): their presence makes
+/// packet counts depend on timing, so the comparison is then a note.
+const RECOVERY: &[&str] = &[
+    "completer_retry_err",
+    "duplicate_request",
+    "rcvd_seq_err",
+    "out_of_seq_request",
+    "retrans_timeouts",
+    "rcvd_rnr_err",
+    "send_rnr_err",
+];
+
+/// Compare `COMPARED` between kernel rxe and rxe-emu in each role:
+/// `None` when any of the four sets shows recovery (not comparable),
+/// else the counters that differ (`role name kernel|emu`).
+pub fn compare_roles(
+    kernel_req: &BTreeMap<String, u64>,
+    emu_req: &BTreeMap<String, u64>,
+    kernel_resp: &BTreeMap<String, u64>,
+    emu_resp: &BTreeMap<String, u64>,
+) -> Option<Vec<String>> {
+    let sets = [kernel_req, emu_req, kernel_resp, emu_resp];
+    let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    if sets.iter().any(|m| RECOVERY.iter().any(|k| get(m, k) > 0)) {
+        return None;
+    }
+    let mut diff = Vec::new();
+    for (role, k, e) in [
+        ("requester", kernel_req, emu_req),
+        ("responder", kernel_resp, emu_resp),
+    ] {
+        for c in COMPARED {
+            let (a, b) = (get(k, c), get(e, c));
+            if a != b {
+                diff.push(format!("{role} {c} {a}|{b}"));
+            }
+        }
+    }
+    Some(diff)
+}
+
 /// The device totals of `rxe-emu stat DEV` (its `link DEV/1 k v k v ...`
 /// line).
 pub fn parse_emu_stat(text: &str) -> BTreeMap<String, u64> {
@@ -415,5 +465,24 @@ mod tests {
         assert_eq!(c["sent_pkts"], 131);
         assert_eq!(c["rcvd_rnr_err"], 21);
         assert!(parse_emu_stat("nothing").is_empty());
+    }
+
+    #[test]
+    fn roles_compare_unless_something_recovered() {
+        let m = |v: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        let kreq = m(&[("sent_pkts", 1108), ("rcvd_pkts", 26), ("rdma_sends", 11)]);
+        let kresp = m(&[("sent_pkts", 26), ("rcvd_pkts", 1108), ("rdma_recvs", 11)]);
+        let mut ereq = kreq.clone();
+        ereq.insert("rcvd_bad_qp".into(), 0);
+        assert_eq!(compare_roles(&kreq, &ereq, &kresp, &kresp), Some(vec![]));
+        ereq.insert("rdma_sends".into(), 0);
+        assert_eq!(
+            compare_roles(&kreq, &ereq, &kresp, &kresp),
+            Some(vec!["requester rdma_sends 11|0".to_string()])
+        );
+        ereq.insert("retrans_timeouts".into(), 1);
+        assert_eq!(compare_roles(&kreq, &ereq, &kresp, &kresp), None);
     }
 }
