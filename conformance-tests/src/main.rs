@@ -489,6 +489,25 @@ impl Ctx {
         failures.extend(cf);
         notes.extend(cn);
 
+        if s.peer.as_ref().is_some_and(|p| p.op == "rnr") {
+            // the requester must wait the RNR timer before each retry
+            let pcap = std::fs::read(file("pcap")).unwrap_or_default();
+            match peer::rnr_backoffs(&pcap) {
+                Ok(b) => {
+                    failures.extend(peer::check_rnr_backoffs(&b));
+                    if let (Some(min), Some(&(asked, _))) = (b.iter().map(|x| x.1).min(), b.first())
+                    {
+                        notes.push(format!(
+                            "{} RNR NAKs on the wire, retries {:.1} ms or more after them (timer {:.2} ms)",
+                            b.len(),
+                            min as f64 / 1e6,
+                            asked as f64 / 1e6
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!("RNR back-off: {e}")),
+            }
+        }
         let check = Command::new(self.o.bin_dir.join("rxe-emu"))
             .args(["pcap", "check"])
             .arg(file("pcap"))

@@ -318,6 +318,69 @@ pub fn compare_roles(
     Some(diff)
 }
 
+/// RNR back-off on the wire: for each RNR NAK in the capture, the time
+/// until the requester sends the NAKed PSN again, with the timer the NAK
+/// asked for, `(asked_ns, waited_ns)`. A NAK never followed by its retry
+/// is an error (the capture ends with the message delivered).
+pub fn rnr_backoffs(pcap: &[u8]) -> Result<Vec<(u64, u64)>, String> {
+    use wire::aeth::Syndrome;
+    let r = wire::pcap::PcapReader::new(pcap).map_err(|e| format!("capture: {e:?}"))?;
+    let mut pending: Option<(u64, u64, wire::Psn)> = None;
+    let mut out = Vec::new();
+    for rec in r {
+        let rec = rec.map_err(|e| format!("capture record: {e:?}"))?;
+        let Ok(f) = wire::frame::parse(rec.data) else {
+            continue;
+        };
+        let Ok(p) = wire::PacketRepr::parse(f.udp_payload) else {
+            continue;
+        };
+        let is_req = p
+            .bth
+            .opcode
+            .info()
+            .is_some_and(|i| i.flags.contains(wire::OpFlags::REQ));
+        match (p.aeth.map(|a| a.syndrome), pending) {
+            (Some(Syndrome::RnrNak { timer }), None) => {
+                pending = Some((rec.ts_ns, wire::aeth::rnr_timer_ns(timer), p.bth.psn));
+            }
+            (Some(Syndrome::RnrNak { .. }), Some(_)) => {
+                return Err("two RNR NAKs without a retry between them".into())
+            }
+            (_, Some((t0, asked, psn))) if is_req && p.bth.psn == psn => {
+                out.push((asked, rec.ts_ns.saturating_sub(t0)));
+                pending = None;
+            }
+            _ => {}
+        }
+    }
+    if pending.is_some() {
+        return Err("the last RNR NAK was never followed by a retry".into());
+    }
+    Ok(out)
+}
+
+/// Why the RNR back-offs do not honour the timer; empty when they do.
+/// A retry may not come sooner than 90% of the timer (capture timestamps
+/// of two hosts on one bridge; kernel rxe rounds up to jiffies).
+pub fn check_rnr_backoffs(b: &[(u64, u64)]) -> Vec<String> {
+    if b.is_empty() {
+        return vec!["no RNR NAK in the capture".into()];
+    }
+    b.iter()
+        .enumerate()
+        .filter(|(_, (asked, waited))| *waited * 10 < *asked * 9)
+        .map(|(i, (asked, waited))| {
+            format!(
+                "RNR retry {} came {:.2} ms after the NAK; the NAK asked for {:.2} ms",
+                i + 1,
+                *waited as f64 / 1e6,
+                *asked as f64 / 1e6
+            )
+        })
+        .collect()
+}
+
 /// The device totals of `rxe-emu stat DEV` (its `link DEV/1 k v k v ...`
 /// line).
 pub fn parse_emu_stat(text: &str) -> BTreeMap<String, u64> {
@@ -465,6 +528,75 @@ mod tests {
         assert_eq!(c["sent_pkts"], 131);
         assert_eq!(c["rcvd_rnr_err"], 21);
         assert!(parse_emu_stat("nothing").is_empty());
+    }
+
+    /// A capture: RNR NAK for PSN 5 at 0 ms, retry at `retry_ms`.
+    fn rnr_capture(retry_ms: u64) -> Vec<u8> {
+        use wire::aeth::{AethRepr, Syndrome};
+        let info = |src: &str, dst: &str| wire::icrc::IpUdpInfo {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            src_port: 50000,
+            dst_port: 4791,
+            ipv4_id: 0,
+            ipv4_flags_frag: 0x4000,
+        };
+        let pkt = |op: wire::Opcode, aeth: Option<AethRepr>, payload: &'static [u8]| {
+            let mut p = wire::PacketRepr {
+                bth: wire::bth::BthRepr {
+                    opcode: op,
+                    solicited: false,
+                    mig_req: false,
+                    pad_count: 0,
+                    tver: 0,
+                    pkey: 0xffff,
+                    fecn: false,
+                    becn: false,
+                    dest_qpn: 0x11,
+                    ack_req: true,
+                    psn: wire::Psn::new(5),
+                },
+                rdeth: None,
+                deth: None,
+                reth: None,
+                feth: None,
+                atomic: None,
+                aeth,
+                atomic_ack: None,
+                immdt: None,
+                ieth: None,
+                payload,
+            };
+            p.bth.pad_count = ((4 - payload.len() % 4) % 4) as u8;
+            let mut b = vec![0; p.buffer_len()];
+            p.emit(&mut b).unwrap();
+            b
+        };
+        let nak = pkt(
+            wire::Opcode::RC_ACKNOWLEDGE,
+            Some(AethRepr {
+                syndrome: Syndrome::RnrNak { timer: 20 },
+                msn: 0,
+            }),
+            b"",
+        );
+        let send = pkt(wire::Opcode::RC_SEND_ONLY, None, b"abcd");
+        let mut w = wire::pcap::PcapWriter::new(Vec::new()).unwrap();
+        w.write_roce(0, &info("10.0.0.2", "10.0.0.1"), &nak)
+            .unwrap();
+        w.write_roce(retry_ms * 1_000_000, &info("10.0.0.1", "10.0.0.2"), &send)
+            .unwrap();
+        w.into_inner()
+    }
+
+    #[test]
+    fn rnr_backoff_is_read_from_the_capture_and_judged() {
+        let ok = rnr_backoffs(&rnr_capture(12)).unwrap();
+        assert_eq!(ok, vec![(10_240_000, 12_000_000)]);
+        assert!(check_rnr_backoffs(&ok).is_empty());
+        let early = rnr_backoffs(&rnr_capture(2)).unwrap();
+        assert_eq!(check_rnr_backoffs(&early).len(), 1);
+        assert_eq!(check_rnr_backoffs(&[]).len(), 1);
     }
 
     #[test]
