@@ -480,6 +480,15 @@ impl Ctx {
         } else {
             failures.push("kernel side never started".into());
         }
+        // Our counters are compared with the kernel's: not reading them is
+        // a failure, not a skipped comparison (the vanishing responder
+        // leaves at once and has none).
+        if let Some(p) = &s.peer {
+            let vanished = p.op == "vanish" && emu_responder;
+            if !vanished && emu_res.output.contains("PEER-OK") && emu_counters.is_empty() {
+                failures.push("could not read rxe-emu's counters (rxe-emu stat rxe0)".into());
+            }
+        }
         let (required, allowed) = match &s.peer {
             Some(p) => (p.kernel_counters(!emu_responder), p.kernel_allowed()),
             None => (Vec::new(), &[][..]),
