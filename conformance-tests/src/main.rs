@@ -9,6 +9,7 @@
 //! run (no scenario selected, the guest stopped answering, ...).
 
 mod guest;
+mod peer;
 mod scenario;
 
 use std::collections::BTreeMap;
@@ -91,6 +92,9 @@ struct Outcome {
     failures: Vec<String>,
     notes: Vec<String>,
     counters: BTreeMap<String, u64>,
+    /// rxe-emu's device counters at the end of the run (peer scenarios:
+    /// read while our side lingers after PEER-OK; empty otherwise).
+    emu_counters: BTreeMap<String, u64>,
 }
 
 /// A failure of the harness rather than of a run: the suite stops.
@@ -100,9 +104,114 @@ struct Ctx {
     o: Opts,
     vm: Vm,
     link_mtu: u32,
+    /// rxe-emud serving `rxe0` on the bridge address, and its link MTU.
+    emud: Option<(Proc, u32)>,
+    /// rxe-interop-peer has been copied into the guest.
+    peer_in_guest: bool,
 }
 
 impl Ctx {
+    fn emud_socket(&self) -> PathBuf {
+        self.o.out.join("rxe-emud.sock")
+    }
+
+    /// Copy rxe-interop-peer into the guest (once) and check that it runs
+    /// there on Debian's libibverbs and is the same file.
+    fn ensure_peer_in_guest(&mut self) -> Result<(), Infra> {
+        if self.peer_in_guest {
+            return Ok(());
+        }
+        let bin = self.o.bin_dir.join("rxe-interop-peer");
+        let digest = |args: &[&str]| -> Option<String> {
+            let o = Command::new(args[0]).args(&args[1..]).output().ok()?;
+            o.status
+                .success()
+                .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+        };
+        let b = bin.display().to_string();
+        let (Some(b64), Some(sum)) = (digest(&["base64", "-w0", &b]), digest(&["sha256sum", &b]))
+        else {
+            return Err(Infra(format!("cannot read {b}")));
+        };
+        let sum = sum
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let r = self.vm.exec(
+            60,
+            &format!(
+                "echo '{}' | base64 -d > /usr/bin/rxe-interop-peer && chmod 755 /usr/bin/rxe-interop-peer
+                 sha256sum /usr/bin/rxe-interop-peer; rxe-interop-peer 2>&1 | head -1",
+                b64.trim()
+            ),
+        );
+        if r.rc != 0 || !r.stdout.contains(&sum) || !r.stdout.contains("usage: rxe-interop-peer") {
+            return Err(Infra(format!(
+                "rxe-interop-peer does not run in the guest (rc {}): {} {}",
+                r.rc,
+                r.stdout.trim(),
+                r.stderr.trim()
+            )));
+        }
+        self.peer_in_guest = true;
+        Ok(())
+    }
+
+    /// An rxe-emud in the namespace with `rxe0` on the bridge address at
+    /// the current link MTU (restarted when the MTU changes).
+    fn ensure_daemon(&mut self) -> Result<(), Infra> {
+        if let Some((p, mtu)) = &mut self.emud {
+            if *mtu == self.link_mtu && p.poll().is_none() {
+                return Ok(());
+            }
+            p.kill();
+        }
+        self.emud = None;
+        let sock = self.emud_socket();
+        let _ = std::fs::remove_file(&sock);
+        let log = self
+            .o
+            .out
+            .join(format!("rxe-emud-mtu{}.log", self.link_mtu));
+        let mut c = self.vm.host_cmd(&self.o.bin_dir.join("rxe-emud"));
+        c.arg("--socket").arg(&sock).args([
+            "--device",
+            &format!("rxe0={}/{}", scenario::HOST_IP, self.link_mtu),
+            "--slots",
+            "8",
+        ]);
+        let mut p =
+            Proc::spawn(c, &log).map_err(|e| Infra(format!("cannot start rxe-emud: {e}")))?;
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == "ready")
+        {
+            if p.poll().is_some() || t0.elapsed() > Duration::from_secs(10) {
+                p.kill();
+                return Err(Infra(format!(
+                    "rxe-emud did not start: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default().trim()
+                )));
+            }
+            sleep(Duration::from_millis(50));
+        }
+        self.emud = Some((p, self.link_mtu));
+        Ok(())
+    }
+
+    /// rxe-emu's device counters (`rxe-emu stat rxe0`).
+    fn emu_counters(&self) -> BTreeMap<String, u64> {
+        Command::new(self.o.bin_dir.join("rxe-emu"))
+            .args(["stat", "rxe0"])
+            .env("RXE_EMU_SOCKET", self.emud_socket())
+            .output()
+            .map(|o| peer::parse_emu_stat(&String::from_utf8_lossy(&o.stdout)))
+            .unwrap_or_default()
+    }
+
     fn counters(&self) -> Result<BTreeMap<String, u64>, Infra> {
         let r = self.vm.exec(
             20,
@@ -137,7 +246,7 @@ impl Ctx {
 
     fn run(&mut self, s: &Scenario, dir: Direction, idx: usize) -> Result<Outcome, Infra> {
         let tag = format!("{}.{dir}", s.name);
-        let out = &self.o.out;
+        let out = &self.o.out.clone();
         let file = |ext: &str| out.join(format!("{tag}.{ext}"));
         let port = scenario::BASE_PORT + idx as u16;
         let t0 = Instant::now();
@@ -157,6 +266,13 @@ impl Ctx {
         if s.loss_pct > 0 {
             self.netem(s.loss_pct)?;
         }
+        if s.peer.is_some() {
+            self.ensure_peer_in_guest()?;
+            self.ensure_daemon()?;
+        } else if let Some((mut p, _)) = self.emud.take() {
+            // the pingpongs bind 10.77.0.1:4791 themselves
+            p.kill();
+        }
         let before = self.counters()?;
         let kcmd = s.kernel_cmd(dir, port);
         let emu_bin = self.o.bin_dir.join(s.emu_bin());
@@ -173,9 +289,17 @@ impl Ctx {
         let capture =
             Capture::start(&self.vm, &file("pcap"), &file("dumpcap.log")).map_err(Infra)?;
         let job = tag.replace('.', "_");
+        let lib_dir = self.o.out.join("lib");
         let spawn_emu = || {
             let mut c = self.vm.host_cmd(&emu_bin);
             c.args(&eargs);
+            if s.peer.is_some() {
+                // Debian's program on our drop-in libibverbs.so.1 and rxe-emud
+                c.env("LD_LIBRARY_PATH", &lib_dir)
+                    .env("RXE_EMU_SOCKET", self.emud_socket())
+                    .env("RXE_EMU_MODE", "daemon")
+                    .env("RXE_EMU_AUTOSTART", "0");
+            }
             Proc::spawn(c, &file("emu.log"))
         };
 
@@ -241,8 +365,16 @@ impl Ctx {
         // Wait for both; whichever fails first ends the other at once.
         let deadline = Instant::now() + self.o.timeout;
         let mut last_guest_poll = Instant::now() - Duration::from_secs(1);
+        let mut emu_counters = BTreeMap::new();
         loop {
             if emu_rc.is_none() {
+                // our side lingers after PEER-OK: read its counters then
+                if s.peer.is_some()
+                    && emu_counters.is_empty()
+                    && std::fs::read_to_string(file("emu.log")).is_ok_and(|t| t.contains("PEER-OK"))
+                {
+                    emu_counters = self.emu_counters();
+                }
                 emu_rc = emu.as_mut().and_then(Proc::poll);
             }
             let kernel_done = !kernel_started || matches!(kernel, Some(Job::Exited(_)));
@@ -321,18 +453,70 @@ impl Ctx {
         for (k, v) in &after {
             let _ = writeln!(ctext, "  {k:<24} {v}");
         }
+        if !emu_counters.is_empty() {
+            ctext += "rxe-emu device counters (rxe-emu stat rxe0) at the end of the run:\n";
+            for (k, v) in emu_counters.iter().filter(|(_, v)| **v > 0) {
+                let _ = writeln!(ctext, "  {k:<24} {v}");
+            }
+        }
         let _ = std::fs::write(file("counters.txt"), ctext);
 
-        failures.extend(scenario::check_side(s, "rxe-emu", &emu_res, true));
+        let emu_responder = dir == Direction::EmuServer;
+        failures.extend(scenario::check_side(
+            s,
+            "rxe-emu",
+            &emu_res,
+            true,
+            emu_responder,
+        ));
         if kernel_started {
-            failures.extend(scenario::check_side(s, "kernel", &kernel_res, false));
+            failures.extend(scenario::check_side(
+                s,
+                "kernel",
+                &kernel_res,
+                false,
+                !emu_responder,
+            ));
         } else {
             failures.push("kernel side never started".into());
         }
-        let (cf, cn) = scenario::judge_counters(&delta, s.loss_pct > 0, self.o.strict);
+        // Our counters are compared with the kernel's: not reading them is
+        // a failure, not a skipped comparison (the vanishing responder
+        // leaves at once and has none).
+        if let Some(p) = &s.peer {
+            let vanished = p.op == "vanish" && emu_responder;
+            if !vanished && emu_res.output.contains("PEER-OK") && emu_counters.is_empty() {
+                failures.push("could not read rxe-emu's counters (rxe-emu stat rxe0)".into());
+            }
+        }
+        let (required, allowed) = match &s.peer {
+            Some(p) => (p.kernel_counters(!emu_responder), p.kernel_allowed()),
+            None => (Vec::new(), &[][..]),
+        };
+        let (cf, cn) =
+            scenario::judge_counters(&delta, s.loss_pct > 0, self.o.strict, &required, allowed);
         failures.extend(cf);
         notes.extend(cn);
 
+        if s.peer.as_ref().is_some_and(|p| p.op == "rnr") {
+            // the requester must wait the RNR timer before each retry
+            let pcap = std::fs::read(file("pcap")).unwrap_or_default();
+            match peer::rnr_backoffs(&pcap) {
+                Ok(b) => {
+                    failures.extend(peer::check_rnr_backoffs(&b));
+                    if let (Some(min), Some(&(asked, _))) = (b.iter().map(|x| x.1).min(), b.first())
+                    {
+                        notes.push(format!(
+                            "{} RNR NAKs on the wire, retries {:.1} ms or more after them (timer {:.2} ms)",
+                            b.len(),
+                            min as f64 / 1e6,
+                            asked as f64 / 1e6
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!("RNR back-off: {e}")),
+            }
+        }
         let check = Command::new(self.o.bin_dir.join("rxe-emu"))
             .args(["pcap", "check"])
             .arg(file("pcap"))
@@ -365,6 +549,7 @@ impl Ctx {
             failures,
             notes,
             counters: delta,
+            emu_counters,
         })
     }
 }
@@ -383,6 +568,10 @@ fn table(results: &[Outcome], not_run: &[(Scenario, Direction)]) -> String {
         let pkts = r.counters.get("sent_pkts").copied().unwrap_or(0);
         let rcvd = r.counters.get("rcvd_pkts").copied().unwrap_or(0);
         let mut extra = format!("sent {pkts} rcvd {rcvd}");
+        if !r.emu_counters.is_empty() {
+            let e = |k: &str| r.emu_counters.get(k).copied().unwrap_or(0);
+            extra += &format!("; emu sent {} rcvd {}", e("sent_pkts"), e("rcvd_pkts"));
+        }
         for n in &r.notes {
             extra += &format!("; {n}");
         }
@@ -411,6 +600,64 @@ fn table(results: &[Outcome], not_run: &[(Scenario, Direction)]) -> String {
         );
     }
     t
+}
+
+/// The same workload in the same role on both implementations: kernel
+/// rxe's counter deltas (requester: `emu-server` runs; responder:
+/// `kernel-server`) beside rxe-emu's device counters from the other
+/// direction. Every counter that differs is listed.
+fn counter_comparison(results: &[Outcome]) -> String {
+    let mut t = String::from(
+        "counters, same workload and role (kernel rxe | rxe-emu; only counters that differ):\n",
+    );
+    let mut any = false;
+    for k in results.iter().filter(|r| r.dir == Direction::EmuServer) {
+        let Some(e) = results
+            .iter()
+            .find(|r| r.name == k.name && r.dir == Direction::KernelServer)
+        else {
+            continue;
+        };
+        if k.emu_counters.is_empty() && e.emu_counters.is_empty() {
+            continue;
+        }
+        any = true;
+        // kernel requester: k.counters; rxe-emu requester: e.emu_counters;
+        // kernel responder: e.counters; rxe-emu responder: k.emu_counters
+        for (role, kern, emu) in [
+            ("requester", &k.counters, &e.emu_counters),
+            ("responder", &e.counters, &k.emu_counters),
+        ] {
+            let mut diff = Vec::new();
+            let names: std::collections::BTreeSet<&String> =
+                kern.keys().chain(emu.keys()).collect();
+            for n in names {
+                let (a, b) = (
+                    kern.get(n).copied().unwrap_or(0),
+                    emu.get(n).copied().unwrap_or(0),
+                );
+                // lifespan and ack_deferred are kernel-only bookkeeping
+                if a != b && !matches!(n.as_str(), "lifespan") {
+                    diff.push(format!("{n} {a}|{b}"));
+                }
+            }
+            let _ = writeln!(
+                t,
+                "  {:<18} {role:<9}  {}",
+                k.name,
+                if diff.is_empty() {
+                    "same".to_string()
+                } else {
+                    diff.join(", ")
+                }
+            );
+        }
+    }
+    if any {
+        t
+    } else {
+        String::new()
+    }
 }
 
 fn main() {
@@ -465,7 +712,33 @@ fn main() {
         script: o.vm.clone(),
         netns,
     };
-    let mut ctx = Ctx { o, vm, link_mtu };
+    if runs.iter().any(|(s, _)| s.peer.is_some()) {
+        for b in ["rxe-interop-peer", "rxe-emud", "libibverbs.so"] {
+            if !o.bin_dir.join(b).is_file() {
+                eprintln!(
+                    "rxe-conformance: {} is missing (build first)",
+                    o.bin_dir.join(b).display()
+                );
+                exit(2);
+            }
+        }
+        // what LD_LIBRARY_PATH points our side's rxe-interop-peer at
+        let lib = o.out.join("lib");
+        let link = lib.join("libibverbs.so.1");
+        let _ = std::fs::create_dir_all(&lib);
+        let _ = std::fs::remove_file(&link);
+        if let Err(e) = std::os::unix::fs::symlink(o.bin_dir.join("libibverbs.so"), &link) {
+            eprintln!("rxe-conformance: {}: {e}", link.display());
+            exit(2);
+        }
+    }
+    let mut ctx = Ctx {
+        o,
+        vm,
+        link_mtu,
+        emud: None,
+        peer_in_guest: false,
+    };
     let n = runs.len();
     let mut results = Vec::new();
     let mut infra = None;
@@ -497,9 +770,43 @@ fn main() {
         Some((i, _)) => runs[*i..].to_vec(),
         None => Vec::new(),
     };
+    // Same workload, same role: the counters kernel rxe and rxe-emu keep
+    // must agree when nothing had to be recovered.
+    for i in 0..results.len() {
+        let (k, e) = (
+            &results[i],
+            results
+                .iter()
+                .position(|r| r.name == results[i].name && r.dir == Direction::KernelServer),
+        );
+        let Some(j) = e else { continue };
+        if k.dir != Direction::EmuServer
+            || k.emu_counters.is_empty()
+            || results[j].emu_counters.is_empty()
+        {
+            continue;
+        }
+        // kernel requester: k.counters; rxe-emu requester: results[j].emu_counters
+        let cmp = peer::compare_roles(
+            &k.counters,
+            &results[j].emu_counters,
+            &results[j].counters,
+            &k.emu_counters,
+        );
+        match cmp {
+            Some(d) if !d.is_empty() => results[j].failures.push(format!(
+                "counters differ from kernel rxe's in the same role (kernel|rxe-emu): {}",
+                d.join(", ")
+            )),
+            Some(_) => results[j]
+                .notes
+                .push("counters as kernel rxe's in both roles".into()),
+            None => {}
+        }
+    }
     let t = table(&results, &not_run);
     let failed = results.iter().filter(|r| !r.failures.is_empty()).count();
-    let mut summary = format!("\n{t}\n");
+    let mut summary = format!("\n{t}\n{}", counter_comparison(&results));
     let _ = write!(
         summary,
         "{} passed, {} failed",

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::peer::{self, PeerSpec};
+
 /// The host side's address (the bridge in the namespace).
 pub const HOST_IP: &str = "10.77.0.1";
 /// Guest 1's address.
@@ -77,6 +79,9 @@ pub struct Scenario {
     /// unlimited. Both CI and local runs hung this way about once in ten.
     /// Lost ACKs and NAKs are covered by rxe-core's simulated-link tests.
     pub loss_pct: u32,
+    /// `Some`: rxe-interop-peer on both sides (the server is the
+    /// responder) instead of the pingpongs; see `peer.rs`.
+    pub peer: Option<PeerSpec>,
 }
 
 impl Scenario {
@@ -89,16 +94,46 @@ impl Scenario {
             path_mtu: 1024,
             link_mtu: 1500,
             loss_pct: 0,
+            peer: None,
+        }
+    }
+
+    /// An rxe-interop-peer scenario at `path_mtu` (link MTU 9000 for 4096).
+    pub fn peer(name: &str, spec: PeerSpec, path_mtu: u32) -> Self {
+        let transport = match spec.op {
+            "uc-send" | "uc-write" => Transport::Uc,
+            "ud-send" => Transport::Ud,
+            _ => Transport::Rc,
+        };
+        Scenario {
+            name: name.into(),
+            transport,
+            size: spec.sizes.iter().copied().max().unwrap_or(0),
+            iters: spec.msgs() as u32,
+            path_mtu,
+            link_mtu: if path_mtu > 1024 { 9000 } else { 1500 },
+            loss_pct: 0,
+            peer: Some(spec),
         }
     }
 
     /// Bytes moved as both pingpongs count them (`size * iters * 2`).
     pub fn bytes(&self) -> u64 {
+        if let Some(p) = &self.peer {
+            return p.bytes();
+        }
         self.size as u64 * u64::from(self.iters) * 2
     }
 
     /// The guest command line (rdma-core's tool against kernel rxe).
     pub fn kernel_cmd(&self, dir: Direction, port: u16) -> String {
+        if let Some(p) = &self.peer {
+            let to = (dir == Direction::EmuServer).then_some(HOST_IP);
+            return format!(
+                "rxe-interop-peer {}",
+                p.args(port, self.path_mtu, to).join(" ")
+            );
+        }
         let tool = match self.transport {
             Transport::Rc => "ibv_rc_pingpong",
             Transport::Uc => "ibv_uc_pingpong",
@@ -119,6 +154,13 @@ impl Scenario {
 
     /// Our tool's arguments (after the binary).
     pub fn emu_args(&self, dir: Direction, port: u16) -> Vec<String> {
+        if let Some(p) = &self.peer {
+            let to = (dir == Direction::KernelServer).then_some(GUEST_IP);
+            let mut a = p.args(port, self.path_mtu, None);
+            a.extend(["--linger".into(), peer::LINGER_MS.to_string()]);
+            a.extend(to.map(String::from));
+            return a;
+        }
         let mut a: Vec<String> = vec![
             "--ip".into(),
             HOST_IP.into(),
@@ -148,6 +190,9 @@ impl Scenario {
 
     /// Our binary's name.
     pub fn emu_bin(&self) -> &'static str {
+        if self.peer.is_some() {
+            return "rxe-interop-peer";
+        }
         match self.transport {
             Transport::Rc | Transport::Uc => "rxe-rc-pingpong",
             Transport::Ud => "rxe-ud-pingpong",
@@ -169,6 +214,12 @@ pub fn all() -> Vec<Scenario> {
         Scenario::new("ud-1", Ud, 1, 100),
         Scenario::new("ud-984", Ud, 984, 100),
     ];
+    v.extend(
+        peer::data_ops(1024)
+            .into_iter()
+            .chain(peer::error_modes())
+            .map(|(n, p)| Scenario::peer(&n, p, 1024)),
+    );
     let mut loss = Scenario::new("rc-loss5-16384", Rc, 16384, 30);
     loss.loss_pct = 5;
     v.push(loss);
@@ -178,6 +229,11 @@ pub fn all() -> Vec<Scenario> {
         s.link_mtu = 9000;
         v.push(s);
     }
+    v.extend(
+        peer::data_ops(4096)
+            .into_iter()
+            .map(|(n, p)| Scenario::peer(&n, p, 4096)),
+    );
     v
 }
 
@@ -191,7 +247,17 @@ pub struct SideResult {
 }
 
 /// Why one side did not succeed; empty when it did.
-pub fn check_side(s: &Scenario, side: &str, r: &SideResult, emu: bool) -> Vec<String> {
+/// `emu`: this is our side; `responder`: this side was the server.
+pub fn check_side(
+    s: &Scenario,
+    side: &str,
+    r: &SideResult,
+    emu: bool,
+    responder: bool,
+) -> Vec<String> {
+    if let Some(p) = &s.peer {
+        return p.check_side(side, r.rc, &r.output, responder);
+    }
     let mut why = Vec::new();
     match r.rc {
         Some(0) => {}
@@ -268,12 +334,43 @@ const SEQUENCE_ERRORS: &[&str] = &[
 const SLOW_PEER: &[&str] = &["completer_retry_err", "duplicate_request"];
 
 /// Judge kernel rxe's counter deltas: `(failures, notes)`.
+///
+/// `required`: counters the run must move, `(name, min, max)` (an RNR run
+/// must show its RNR NAKs, a vanished peer its retries); they and
+/// `allowed` are exempt from the clean-link rules.
 pub fn judge_counters(
     delta: &BTreeMap<String, u64>,
     lossy: bool,
     strict: bool,
+    required: &[(&str, u64, u64)],
+    allowed: &[&str],
 ) -> (Vec<String>, Vec<String>) {
     let (mut fail, mut note) = (Vec::new(), Vec::new());
+    for &(k, min, max) in required {
+        let v = delta.get(k).copied().unwrap_or(0);
+        if v < min || v > max {
+            fail.push(format!("kernel counter {k}={v}, want {min}..={max}"));
+        } else {
+            note.push(format!("{k}={v} (expected)"));
+        }
+    }
+    let delta: BTreeMap<String, u64> = delta
+        .iter()
+        .filter(|(k, _)| !required.iter().any(|r| r.0 == k.as_str()))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let delta = &delta;
+    for (k, v) in delta {
+        if allowed.contains(&k.as_str()) {
+            note.push(format!("{k}={v} (allowed here)"));
+        }
+    }
+    let delta: BTreeMap<String, u64> = delta
+        .iter()
+        .filter(|(k, _)| !allowed.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let delta = &delta;
     let recovered: u64 = SEQUENCE_ERRORS
         .iter()
         .chain(SLOW_PEER)
@@ -369,6 +466,9 @@ pub fn check_pcap(s: &Scenario, p: &PcapSummary) -> Vec<String> {
     if p.icrc_ok != p.roce {
         why.push(format!("{} of {} ICRCs verified", p.icrc_ok, p.roce));
     }
+    if let Some(peer) = &s.peer {
+        why.extend(peer.check_wire(&p.opcodes));
+    }
     let prefix = s.transport.send_prefix();
     let sends: u64 = p
         .opcodes
@@ -376,7 +476,7 @@ pub fn check_pcap(s: &Scenario, p: &PcapSummary) -> Vec<String> {
         .filter(|(k, _)| k.starts_with(prefix))
         .map(|(_, n)| n)
         .sum();
-    if sends == 0 {
+    if sends == 0 && s.peer.is_none() {
         why.push(format!("no {prefix}* packet in the capture"));
     }
     let foreign: Vec<&String> = p
@@ -442,7 +542,7 @@ mod tests {
             if s.path_mtu == 4096 {
                 assert!(s.link_mtu >= 4096 + 48 + 28 + 14);
             }
-            if s.transport == Transport::Ud {
+            if s.transport == Transport::Ud && s.peer.is_none() {
                 assert!(s.size <= 1024, "a UD message fits one 1024-byte packet");
             }
         }
@@ -460,34 +560,37 @@ mod tests {
             rc: Some(0),
             output: GOOD.into(),
         };
-        assert!(check_side(&s, "emu", &ok, true).is_empty());
-        assert!(check_side(&s, "kernel", &ok, false).is_empty());
+        assert!(check_side(&s, "emu", &ok, true, false).is_empty());
+        assert!(check_side(&s, "kernel", &ok, false, false).is_empty());
         let rc1 = SideResult {
             rc: Some(1),
             ..ok.clone()
         };
-        assert_eq!(check_side(&s, "emu", &rc1, true), ["emu exited with 1"]);
+        assert_eq!(
+            check_side(&s, "emu", &rc1, true, false),
+            ["emu exited with 1"]
+        );
         let killed = SideResult {
             rc: None,
             ..ok.clone()
         };
-        assert_eq!(check_side(&s, "emu", &killed, true).len(), 1);
+        assert_eq!(check_side(&s, "emu", &killed, true, false).len(), 1);
         let short = SideResult {
             rc: Some(0),
             output: GOOD.replace("409600", "4096"),
         };
-        assert_eq!(check_side(&s, "kernel", &short, false).len(), 1);
+        assert_eq!(check_side(&s, "kernel", &short, false, false).len(), 1);
         let unchecked = SideResult {
             rc: Some(0),
             output: GOOD.replace("50 received", "49 received"),
         };
-        assert!(check_side(&s, "kernel", &unchecked, false).is_empty());
-        assert_eq!(check_side(&s, "emu", &unchecked, true).len(), 1);
+        assert!(check_side(&s, "kernel", &unchecked, false, false).is_empty());
+        assert_eq!(check_side(&s, "emu", &unchecked, true, false).len(), 1);
         let invalid = SideResult {
             rc: Some(0),
             output: format!("{GOOD}invalid data in page 0\n"),
         };
-        assert_eq!(check_side(&s, "kernel", &invalid, false).len(), 1);
+        assert_eq!(check_side(&s, "kernel", &invalid, false, false).len(), 1);
     }
 
     #[test]
@@ -509,24 +612,31 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let (f, n) = judge_counters(&d, false, false);
+        let (f, n) = judge_counters(&d, false, false, &[], &[]);
         assert!(f.is_empty());
         assert_eq!(n.len(), 1);
-        assert_eq!(judge_counters(&d, false, true).0.len(), 1);
+        assert_eq!(judge_counters(&d, false, true, &[], &[]).0.len(), 1);
         let seq: BTreeMap<String, u64> = [("rcvd_seq_err".to_string(), 1)].into_iter().collect();
-        assert_eq!(judge_counters(&seq, false, false).0.len(), 1);
-        assert!(judge_counters(&seq, true, true).0.is_empty());
+        assert_eq!(judge_counters(&seq, false, false, &[], &[]).0.len(), 1);
+        assert!(judge_counters(&seq, true, true, &[], &[]).0.is_empty());
         let quiet: BTreeMap<String, u64> = [("sent_pkts".to_string(), 100)].into_iter().collect();
-        assert!(judge_counters(&quiet, false, true).0.is_empty());
+        assert!(judge_counters(&quiet, false, true, &[], &[]).0.is_empty());
         assert_eq!(
-            judge_counters(&quiet, true, false).0.len(),
+            judge_counters(&quiet, true, false, &[], &[]).0.len(),
             1,
             "loss must show"
         );
         let hard: BTreeMap<String, u64> = [("retry_exceeded_err".to_string(), 1)]
             .into_iter()
             .collect();
-        assert_eq!(judge_counters(&hard, false, false).0.len(), 1);
+        assert_eq!(judge_counters(&hard, false, false, &[], &[]).0.len(), 1);
+        // a required counter must move within its bounds, and is then
+        // exempt from the clean-link rules; allowed ones are notes
+        let req = [("retry_exceeded_err", 1, 1)];
+        assert!(judge_counters(&hard, false, false, &req, &[]).0.is_empty());
+        assert_eq!(judge_counters(&quiet, false, false, &req, &[]).0.len(), 1);
+        let (f, n) = judge_counters(&seq, false, false, &[], &["rcvd_seq_err"]);
+        assert!(f.is_empty() && n.len() == 1, "{f:?} {n:?}");
     }
 
     const CHECK: &str = "/tmp/x.pcap: 623 records, 623 RoCEv2 packets: 623 ICRC ok, 0 bad, 0 truncated (not checkable)\n\

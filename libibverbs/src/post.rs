@@ -161,8 +161,10 @@ mod op {
 }
 
 /// # Safety
-/// `w` must be a valid C send WR whose pointers are valid.
-unsafe fn send_wr_from_c(w: &ibv_send_wr) -> Result<SendWr, c_int> {
+/// `w` must be a valid C send WR whose pointers are valid. `wr.ud` is read
+/// only for a UD QP (`is_ud`): on RC and UC the union holds `wr.rdma` or
+/// whatever the program left there, as rdma-core's rxe provider ignores it.
+unsafe fn send_wr_from_c(w: &ibv_send_wr, is_ud: bool) -> Result<SendWr, c_int> {
     // SAFETY: the union members are read according to the opcode, as the
     // C caller wrote them.
     let (rdma, atomic, ud, bind) = unsafe { (w.wr.rdma, w.wr.atomic, w.wr.ud, w.last.bind_mw) };
@@ -233,7 +235,7 @@ unsafe fn send_wr_from_c(w: &ibv_send_wr) -> Result<SendWr, c_int> {
             return Err(libc::EINVAL);
         }
     };
-    let ud = if ud.ah.is_null() || !matches!(w.opcode, op::SEND | op::SEND_WITH_IMM) {
+    let ud = if !is_ud || ud.ah.is_null() || !matches!(w.opcode, op::SEND | op::SEND_WITH_IMM) {
         None
     } else {
         // SAFETY: a live AH of the program.
@@ -272,7 +274,7 @@ pub unsafe extern "C" fn post_send(
         // SAFETY: the caller's WR chain.
         let w = unsafe { &*wr };
         // SAFETY: as above.
-        let r = unsafe { send_wr_from_c(w) }.and_then(|mut s| {
+        let r = unsafe { send_wr_from_c(w, is_ud) }.and_then(|mut s| {
             if is_ud && s.ud.is_none() {
                 debug(|| "ibv_post_send: a UD send needs wr.ud.ah".into());
                 return Err(libc::EINVAL);
@@ -881,4 +883,28 @@ pub fn fill_qp_ex(q: &mut ibv_qp_ex) {
     q.wr_set_sge_list = Some(wr_set_sge_list);
     q.wr_set_inline_data = Some(wr_set_inline_data);
     q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SEND on an RC or UC QP whose `wr` union still holds an RDMA
+    /// address (a program that fills `wr.rdma` for every opcode, as
+    /// rxe-interop-peer did) must not be read as `wr.ud.ah`: that pointer
+    /// is garbage and dereferencing it crashed the program.
+    #[test]
+    fn rc_send_ignores_the_ud_union_member() {
+        // SAFETY: all-zero is a valid ibv_send_wr (null pointers, no SGEs).
+        let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.opcode = op::SEND;
+        w.wr.rdma = wr_rdma {
+            remote_addr: 0xdead_beef_0000,
+            rkey: 0x1234,
+        };
+        // SAFETY: no pointer of `w` is followed for a non-UD QP.
+        let s = unsafe { send_wr_from_c(&w, false) }.expect("a valid RC SEND");
+        assert!(s.ud.is_none());
+        assert!(matches!(s.op, SendOp::Send));
+    }
 }

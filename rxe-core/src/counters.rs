@@ -7,7 +7,8 @@
 pub struct Counters {
     /// Packets sent (requests, responses, ACKs).
     pub sent_pkts: u64,
-    /// Packets received that passed the ICRC and parsed.
+    /// Packets received that passed the ICRC, parsed and reached a QP in a
+    /// state to take them (kernel rxe_rcv: after hdr_check and the ICRC).
     pub rcvd_pkts: u64,
     /// Requests that arrived with an already-seen PSN (IBTA 9.7.5.1.1).
     pub duplicate_request: u64,
@@ -31,7 +32,8 @@ pub struct Counters {
     pub send_err: u64,
     /// Link down events (always 0: the UDP socket has no link state).
     pub link_downed: u64,
-    /// SEND packets received and placed.
+    /// SEND WQEs completed (success or error; not flushed) on the
+    /// requester, as kernel rxe counts them.
     pub rdma_sends: u64,
     /// Receive WQEs completed.
     pub rdma_recvs: u64,

@@ -37,7 +37,6 @@ pub(crate) fn handle<M: Memory>(
             return None;
         }
     };
-    ctx.counters.rcvd_pkts += 1;
     let bth = pkt.bth;
     // P_Key: the table has only the default key; accept full or limited
     // membership of it (kernel pkey_match_default).
@@ -89,6 +88,10 @@ pub(crate) fn handle<M: Memory>(
             }
         }
     }
+    // Counted only now, as kernel rxe_rcv counts RXE_CNT_RCVD_PKTS after
+    // hdr_check (P_Key, QPN, QP type and state, peer address) and the
+    // ICRC: a packet to a QP in ERR, or to no QP, is not "received".
+    ctx.counters.rcvd_pkts += 1;
     qp.counters.rcvd_pkts += 1;
     let is_request = bth
         .opcode

@@ -435,8 +435,20 @@ pub(crate) fn rewind(qp: &mut Qp) {
 
 /// Complete WQEs at the head of the send queue that are done or failed, in
 /// posting order (IBTA 10.8.5: completions are returned in order).
+///
+/// `rdma_sends` counts SEND WQEs completed here, with success or error,
+/// as kernel rxe's completer does (`do_complete` in `rxe_comp.c`, on every
+/// QP type); flushed WQEs do not count.
 pub(crate) fn complete_from_head<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     while let Some(w) = qp.sq.front() {
+        if matches!(w.state, WqeState::Done | WqeState::Error)
+            && matches!(
+                w.wr.op,
+                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
+            )
+        {
+            count!(ctx, qp, rdma_sends);
+        }
         match w.state {
             WqeState::Done => {
                 let Some(w) = qp.sq.pop_front() else { break };

@@ -659,7 +659,6 @@ fn send_data<M: Memory>(
             Fault::Drop
         });
     };
-    count!(ctx, qp, rdma_sends);
     match dma::scatter(
         &mut ctx.mem,
         &ctx.keys,
@@ -1207,7 +1206,6 @@ fn ud_receive<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, dg
         wc.wc_flags |= WcFlags::WITH_IMM;
         wc.imm_data = imm.imm;
     }
-    count!(ctx, qp, rdma_sends);
     count!(ctx, qp, rdma_recvs);
     ctx.post_cq(qp.recv_cq, wc, pkt.bth.solicited);
 }

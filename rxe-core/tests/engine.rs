@@ -407,6 +407,83 @@ fn rem_access_err_bad_rkey() {
     rem_access_case(5, |r| (r.addr, r.rkey ^ 0x3), ALL);
 }
 
+/// A 4-packet WRITE with a bad rkey: the first packet gets the access NAK
+/// and puts the responder in ERR; the other three reach a QP that takes
+/// nothing. Kernel rxe counts `rcvd_pkts` only for packets that pass
+/// hdr_check (QP type and state included), so the responder counts 1
+/// received packet and 3 dropped (`rcvd_bad_qp`); found against kernel
+/// rxe by conformance-tests' p-bad-rkey (kernel 1, rxe-emu 4 before).
+#[test]
+fn packets_to_a_qp_in_err_are_not_counted_as_received() {
+    let mut n = net(9, LinkConfig::perfect());
+    let o = ConnectOpts {
+        mtu: Mtu::M1024,
+        ..ConnectOpts::default()
+    };
+    let (a, b) = pair(&mut n, QpType::Rc, &o);
+    let src = buf(&mut n, 0, a.pd, 4096, AccessFlags::empty());
+    let remote = buf(&mut n, 1, b.pd, 4096, ALL);
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey ^ 0x5a00,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &a)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(n.node(1).qp_state(b.qpn), Some(QpState::Err));
+    let c = n.node(1).counters();
+    assert_eq!(c.rcvd_pkts, 1, "only the WRITE_FIRST reached a live QP");
+    assert_eq!(c.rcvd_bad_qp, 3);
+    assert_eq!(n.node(0).counters().sent_pkts, 4);
+}
+
+/// `rdma_sends` counts completed SEND WQEs on the requester, `rdma_recvs`
+/// completed receive WQEs on the responder, one per message whatever its
+/// packet count: what kernel rxe 6.1 shows for the same workload
+/// (conformance-tests' p-send: kernel requester 11 per 11 messages;
+/// rxe-emu counted every SEND packet on the responder before).
+#[test]
+fn rdma_sends_counts_send_wqes_on_the_requester() {
+    let mut n = net(10, LinkConfig::perfect());
+    let o = ConnectOpts {
+        mtu: Mtu::M1024,
+        ..ConnectOpts::default()
+    };
+    let (a, b) = pair(&mut n, QpType::Rc, &o);
+    let src = buf(&mut n, 0, a.pd, 4096, AccessFlags::empty());
+    let remote = buf(&mut n, 1, b.pd, 4096, ALL);
+    for k in 0..2 {
+        let rb = buf(&mut n, 1, b.pd, 4096, AccessFlags::LOCAL_WRITE);
+        post_recv(&mut n, &b, k, &rb);
+        post(&mut n, &a, SendWr::new(k, SendOp::Send, vec![sge(&src)]));
+    }
+    post(
+        &mut n,
+        &a,
+        SendWr::new(
+            9,
+            SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            vec![sge(&src)],
+        ),
+    );
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &a).len(), 3);
+    let (req, resp) = (n.node(0).counters().clone(), n.node(1).counters().clone());
+    assert_eq!((req.rdma_sends, req.rdma_recvs), (2, 0));
+    assert_eq!((resp.rdma_sends, resp.rdma_recvs), (0, 2));
+    assert_eq!(resp.rcvd_pkts, 12, "3 messages of 4 packets");
+}
+
 #[test]
 fn rem_access_err_out_of_bounds() {
     rem_access_case(6, |r| (r.addr + 50, r.rkey), ALL);
