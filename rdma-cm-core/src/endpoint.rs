@@ -349,6 +349,11 @@ impl Endpoint {
         self.conns.get(&id.0).map(|c| c.state)
     }
 
+    /// Connections not yet back to IDLE (TIMEWAIT included).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
     /// MADs dropped so far: unparsable, unmatched or duplicate without an
     /// answer (kernel counts them in `cm_recv_duplicates` or traces).
     pub fn dropped(&self) -> u64 {
@@ -1059,7 +1064,13 @@ impl Endpoint {
     /// `service timeout + av.timeout` (each `cm_convert_to_ms`) before
     /// resending (`ib_modify_mad`).
     fn on_mra(&mut self, now: Instant, mra: MraRepr) {
-        let Some(local_id) = self.find(mra.remote_comm_id, mra.local_comm_id) else {
+        // Kernel `cm_acquire_mraed_id`: an MRA for our REQ comes before we
+        // know the peer's comm ID.
+        let remote = match mra.message_mraed {
+            MessageResponse::Req => 0,
+            MessageResponse::Rep | MessageResponse::Other => mra.local_comm_id,
+        };
+        let Some(local_id) = self.find(mra.remote_comm_id, remote) else {
             self.dropped += 1;
             return;
         };
