@@ -46,9 +46,9 @@ pub const CMA_MAX_CM_RETRIES: u8 = 15;
 /// timeout of 19 = `cm_ack_timeout(15, 18)` in rdmacm_rping.pcap shows).
 pub const CMA_IBOE_PACKET_LIFETIME: u8 = 18;
 
-/// The ACK delay kernel rxe reports (`RXE_LOCAL_CA_ACK_DELAY`... its
-/// `local_ca_ack_delay` attribute, 15), which kernel cm puts in the REP's
-/// target ACK delay.
+/// The ACK delay kernel rxe reports (`RXE_LOCAL_CA_ACK_DELAY`, the
+/// device's `local_ca_ack_delay`, 15), which kernel cm puts in the REP's
+/// target ACK delay (0x0f in rdmacm_rping.pcap).
 pub const RXE_ACK_DELAY: u8 = 15;
 
 #[cfg(test)]

@@ -728,3 +728,50 @@ proptest! {
         prop_assert!(outcomes[0].0 <= worst, "{:?}", outcomes);
     }
 }
+
+#[test]
+fn active_side_giving_up_rejects_with_timeout_found_by_ca_guid() {
+    // B's REP is lost; A's consumer destroys the id in REQ_SENT: kernel
+    // sends REJ TIMEOUT whose ARI is A's CA GUID, and B (REP_SENT) finds
+    // its connection by that GUID and A's comm ID (cm_acquire_rejected_id).
+    let mut n = Net::new(|side, attr, _| side == B && attr == attr::REP);
+    let id = n.a.connect(n.now, &connect_params(0xa1a)).unwrap();
+    n.run(1);
+    let (_, _, Event::ConnectRequest { id: bid, .. }) = n.events[0].clone() else {
+        panic!()
+    };
+    assert_eq!(n.b.state(bid), Some(State::RepSent));
+    n.a.destroy(n.now, id).unwrap();
+    n.run(2);
+    let Some((_, B, Event::Rejected { reason, ari, .. })) = n.events.last() else {
+        panic!("{:?}", n.events)
+    };
+    assert_eq!(*reason, RejectReason::TIMEOUT);
+    assert_eq!(ari.as_slice(), 0xaaaau64.to_be_bytes());
+    assert_eq!((n.a.connection_count(), n.b.connection_count()), (0, 0));
+    assert_eq!(n.b.poll_timeout(), None, "the REP is no longer resent");
+}
+
+#[test]
+fn traffic_before_the_rtu_establishes_the_passive_side() {
+    // All RTUs lost, but the consumer sees the QP's first packet (kernel
+    // ib_cm_notify(IB_EVENT_COMM_EST)): ESTABLISHED, no more REP resends.
+    let mut n = Net::new(|side, attr, _| side == A && attr == attr::RTU);
+    n.a.connect(n.now, &connect_params(0xa1a)).unwrap();
+    n.run(1);
+    let (_, _, Event::ConnectRequest { id: bid, .. }) = n.events[0].clone() else {
+        panic!()
+    };
+    assert_eq!(n.b.state(bid), Some(State::RepSent));
+    n.b.notify_established(bid).unwrap();
+    assert_eq!(n.b.state(bid), Some(State::Established));
+    assert_eq!(n.b.poll_timeout(), None);
+    assert!(matches!(n.b.poll_event(), Some(Event::Established { id, .. }) if id == bid));
+    assert!(matches!(
+        n.b.notify_established(bid),
+        Err(CmError::InvalidState {
+            state: State::Established,
+            ..
+        })
+    ));
+}
