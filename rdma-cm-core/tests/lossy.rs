@@ -63,6 +63,10 @@ fn config(guid: u64, operand: u32) -> Config {
     }
 }
 
+fn accept_params() -> AcceptParams {
+    accept_params_for(0xa1a)
+}
+
 fn connect_params(qpn: u32) -> ConnectParams {
     ConnectParams {
         service_id: SERVICE,
@@ -91,9 +95,12 @@ fn connect_params(qpn: u32) -> ConnectParams {
     }
 }
 
-fn accept_params() -> AcceptParams {
+/// The passive side's answer; its QPN follows the REQ's (0xa1a → 0xb0b)
+/// so that every connection has its own QP, as in life (two connections
+/// to one QPN are stale to kernel cm).
+fn accept_params_for(req_qpn: u32) -> AcceptParams {
     AcceptParams {
-        qpn: 0xb0b,
+        qpn: req_qpn + 0xf1,
         starting_psn: 0x654321,
         responder_resources: 4,
         initiator_depth: 4,
@@ -168,9 +175,12 @@ impl Net {
             }
             while let Some(e) = self.b.poll_event() {
                 busy = true;
-                if let Event::ConnectRequest { id, .. } = &e {
+                if let Event::ConnectRequest { id, req, .. } = &e {
                     match self.passive {
-                        Passive::Accept => self.b.accept(self.now, *id, &accept_params()).unwrap(),
+                        Passive::Accept => self
+                            .b
+                            .accept(self.now, *id, &accept_params_for(req.local_qpn))
+                            .unwrap(),
                         Passive::Reject => self
                             .b
                             .reject(self.now, *id, RejectReason::CONSUMER_DEFINED, b"no thanks")
@@ -774,4 +784,46 @@ fn traffic_before_the_rtu_establishes_the_passive_side() {
             ..
         })
     ));
+}
+
+proptest! {
+    /// Hostile MADs (random class data under a valid CM header, random
+    /// comm IDs that sometimes name live connections) never panic the
+    /// endpoint, and a consumer call afterwards still works.
+    #[test]
+    fn hostile_mads_never_panic(
+        mads in prop::collection::vec(
+            (prop::collection::vec(any::<u8>(), 232), 0x10u16..=0x16, any::<bool>(), any::<u64>()),
+            1..40,
+        ),
+    ) {
+        let mut n = Net::new(|_, _, _| false);
+        let id = n.a.connect(n.now, &connect_params(0xa1a)).unwrap();
+        n.run(1);
+        let (_, _, Event::ConnectRequest { id: bid, .. }) = n.events[0].clone() else { panic!() };
+        for (mut data, attr, aim, tid) in mads {
+            if aim {
+                // Name the live connection in both comm ID slots.
+                data[..4].copy_from_slice(&id.0.to_be_bytes());
+                data[4..8].copy_from_slice(&bid.0.to_be_bytes());
+            }
+            let mut mad = [0u8; 256];
+            wire::mad::MadHeaderRepr::cm_send(attr, tid)
+                .emit(&mut wire::mad::Packet::new_unchecked(&mut mad[..24]));
+            mad[24..].copy_from_slice(&data);
+            n.a.handle_mad(n.now, GID_B, &mad);
+            n.b.handle_mad(n.now, GID_A, &mad);
+            n.now += Duration::from_millis(u64::from(data[0]) * 100);
+            n.a.handle_timeout(n.now);
+            n.b.handle_timeout(n.now);
+            while n.a.poll_transmit().is_some() || n.b.poll_transmit().is_some() {}
+            while n.a.poll_event().is_some() || n.b.poll_event().is_some() {}
+        }
+        // The endpoints still take calls: a fresh connection comes up.
+        n.events.clear();
+        n.log.clear();
+        let id2 = n.a.connect(n.now, &connect_params(0xa2a)).unwrap();
+        n.run(n.ms() + 1);
+        prop_assert_eq!(n.a.state(id2), Some(State::Established));
+    }
 }
