@@ -13,6 +13,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again.payload, p.payload);
     }
     let _ = wire::frame::parse(data);
+    if let Ok(m) = wire::cm::CmMad::parse(data) {
+        let again = wire::cm::CmMad::parse(&m.to_bytes()).expect("an emitted CM MAD must parse");
+        assert_eq!(again, m);
+    }
+    let _ = wire::cma::CmaHeaderRepr::parse(&wire::cma::Packet::new_unchecked(data));
     if let Ok(r) = wire::pcap::PcapReader::new(data) {
         for rec in r.take(64) {
             if rec.is_err() {

@@ -17,6 +17,10 @@
 //! - the invariant CRC ([`icrc`], IBTA Annex A17 / kernel `rxe_icrc.c`),
 //!   including recovery of the IPv4 ID that a UDP socket hides;
 //! - 24-bit PSN arithmetic ([`psn`]);
+//! - the Management Datagrams that ride on QP1: the MAD common header
+//!   ([`mad`]), the IB Communication Manager messages ([`cm`]: REQ, MRA,
+//!   REJ, REP, RTU, DREQ, DREP) and rdma_cm's private-data header and IP
+//!   service IDs ([`cma`]);
 //! - classic pcap files and Ethernet/IP/UDP framing ([`pcap`], [`frame`]),
 //!   so our traffic can be compared with kernel captures and read by tshark.
 //!
@@ -61,12 +65,15 @@ mod bytes;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod cm;
+pub mod cma;
 pub mod deth;
 pub mod feth;
 pub mod frame;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod pcap;
@@ -115,6 +122,19 @@ pub enum Error {
     /// Well-formed, but not something this crate handles: a protocol other
     /// than IPv4/IPv6 + UDP, an IP fragment, IPv6 extension headers.
     Unsupported,
+    /// A well-formed MAD that is not a Communication Manager Send this
+    /// crate decodes (another management class or class version, another
+    /// method, or a CM attribute such as LAP, APR or SIDR).
+    UnsupportedMad {
+        /// Management class (0x07 is the CM).
+        mgmt_class: u8,
+        /// Class version (the CM's is 2).
+        class_version: u8,
+        /// Method byte (the CM uses Send, 0x03).
+        method: u8,
+        /// Attribute ID.
+        attribute_id: u16,
+    },
 }
 
 impl core::fmt::Display for Error {
@@ -141,6 +161,18 @@ impl core::fmt::Display for Error {
             Error::Unsupported => f.write_str(
                 "unsupported framing: expected Ethernet (optionally 802.1Q) + \
                  unfragmented IPv4 or IPv6 without extension headers + UDP",
+            ),
+            Error::UnsupportedMad {
+                mgmt_class,
+                class_version,
+                method,
+                attribute_id,
+            } => write!(
+                f,
+                "unsupported MAD: class {mgmt_class:#04x} version {class_version}, \
+                 method {method:#04x}, attribute {attribute_id:#06x}; only CM \
+                 (class 0x07, version 2) Sends of REQ, MRA, REJ, REP, RTU, DREQ \
+                 and DREP (attributes 0x0010-0x0016) are decoded"
             ),
         }
     }
