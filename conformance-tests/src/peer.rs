@@ -558,6 +558,7 @@ mod tests {
                 },
                 rdeth: None,
                 deth: None,
+                xrceth: None,
                 reth: None,
                 feth: None,
                 atomic: None,

@@ -540,6 +540,7 @@ fn tshark_decodes_our_cm_mads() {
                 psn: Psn::new(i as u32),
             },
             rdeth: None,
+            xrceth: None,
             deth: Some(DethRepr {
                 qkey: wire::deth::GSI_QKEY,
                 src_qpn: 1,
