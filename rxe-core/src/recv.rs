@@ -93,10 +93,7 @@ pub(crate) fn handle<M: Memory>(
     // ICRC: a packet to a QP in ERR, or to no QP, is not "received".
     ctx.counters.rcvd_pkts += 1;
     qp.counters.rcvd_pkts += 1;
-    let is_request = bth
-        .opcode
-        .info()
-        .is_some_and(|i| i.flags.contains(OpFlags::REQ));
+    let is_request = is_req;
     if is_request && (qp.read_reply.is_some() || !qp.deferred.is_empty()) {
         // Requests wait until the READ reply under way is sent.
         crate::resp::defer_request(qp, ctx, dg);
@@ -123,7 +120,14 @@ pub(crate) fn handle<M: Memory>(
 fn deliver_multicast<M: Memory>(eng: &mut Engine<M>, pkt: &PacketRepr<'_>, dg: &RxDatagram<'_>) {
     let gid = crate::engine::ip_to_gid(dg.dst);
     let members = eng.mcast.members(&gid).to_vec();
-    if pkt.bth.opcode.transport() != Transport::Ud || members.is_empty() {
+    if pkt.bth.opcode.transport() != Transport::Ud {
+        eng.ctx.counters.rcvd_bad_qp += 1;
+        return;
+    }
+    // Kernel rxe_rcv counts a multicast datagram once, after hdr_check and
+    // before rxe_rcv_mcast_pkt looks for the group.
+    eng.ctx.counters.rcvd_pkts += 1;
+    if members.is_empty() {
         eng.ctx.counters.rcvd_bad_qp += 1;
         return;
     }
