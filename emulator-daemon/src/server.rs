@@ -636,9 +636,18 @@ impl Server {
                         break;
                     }
                 }
-                if c.buf.len() > 4096 {
-                    // Nobody needs a request this long: a confused peer.
+                // Many whole lines (a traced process's burst of packet
+                // lines) are fine; one line longer than 4 KiB is not: nobody
+                // needs a request that long, it is a confused peer.
+                let partial =
+                    c.buf.len() - c.buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
+                if partial > 4096 {
                     closed = true;
+                    break;
+                }
+                if c.buf.len() >= 256 << 10 {
+                    // Handle these lines first; the rest is read on the
+                    // next round (the socket stays readable).
                     break;
                 }
             }

@@ -845,6 +845,8 @@ impl Inner {
                 lines.push(String::from_utf8_lossy(&l).trim().to_string());
             }
             if buf.len() > 65536 {
+                // Whole lines were taken above: what is left is one line
+                // longer than any request the daemon sends.
                 gone = true; // not the daemon we know
             }
         }

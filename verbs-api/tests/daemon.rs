@@ -930,6 +930,64 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
     }
 }
 
+/// A burst of traffic while traced sends the daemon many trace lines at
+/// once; the daemon must take them as trace, not as an overlong request
+/// (it used to drop a client whose unread lines passed 4 KiB, which failed
+/// its device with DEVICE_FATAL and flushed its work).
+#[test]
+fn a_traced_burst_keeps_the_device_alive() {
+    let d = Daemon::start("trace-burst", "rxe0=127.0.21.8", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = d.path.clone();
+    let tracer = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let opts = emulator_daemon::trace::TraceOptions {
+            explain: false,
+            count: Some(400),
+        };
+        emulator_daemon::trace::run(&path, "rxe0", &opts, None, &mut out, || {
+            tx.send(()).unwrap()
+        })
+        .unwrap()
+    });
+    rx.recv_timeout(WAIT).unwrap();
+    let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let mut src = vec![7u8; 64];
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 64 * 300];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    // Five bursts of 60 WRITEs (the send queue holds 64).
+    for round in 0..5u64 {
+        for i in round * 60..round * 60 + 60 {
+            a.qp.post_send(SendWr::new(
+                i,
+                SendOp::RdmaWrite {
+                    remote_addr: bmr.addr() + i * 64,
+                    rkey: bmr.rkey(),
+                },
+                vec![amr.sge(0, 64)],
+            ))
+            .unwrap();
+        }
+        let wcs = a.cq.wait(60, WAIT).unwrap();
+        assert!(
+            wcs.iter().all(|w| w.status == WcStatus::Success),
+            "{:?}",
+            wcs.iter().find(|w| w.status != WcStatus::Success)
+        );
+    }
+    assert_eq!(tracer.join().unwrap(), 400);
+    // Both processes are still on the device.
+    let status = emulator_daemon::client::request(&d.path, "STATUS").unwrap();
+    assert!(status.contains("slots 2/"), "{status}");
+    drop(bmr);
+    assert!(dst.iter().all(|&x| x == 7));
+}
+
 #[test]
 fn a_completion_channel_on_a_daemon_device_wakes_epoll() {
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
