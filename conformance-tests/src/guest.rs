@@ -91,6 +91,14 @@ impl Vm {
         self.run(&["bgkill", "1", name])
     }
 
+    /// Whether something listens on TCP `port` in the guest.
+    pub fn guest_listening(&self, port: u16) -> bool {
+        let re = format!("^ *[0-9]+: [0-9A-F]+:{port:04X} [0-9A-F]+:0000 0A ");
+        self.exec(10, &format!("grep -qE '{re}' /proc/net/tcp /proc/net/tcp6"))
+            .rc
+            == 0
+    }
+
     /// Set the link MTU of bridge, tap and guest eth0.
     pub fn set_mtu(&self, mtu: u32) -> Out {
         self.run(&["mtu", &mtu.to_string()])

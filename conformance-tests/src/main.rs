@@ -268,6 +268,8 @@ impl Ctx {
         }
         if s.peer.is_some() {
             self.ensure_peer_in_guest()?;
+        }
+        if s.needs_daemon() {
             self.ensure_daemon()?;
         } else if let Some((mut p, _)) = self.emud.take() {
             // the pingpongs bind 10.77.0.1:4791 themselves
@@ -275,7 +277,12 @@ impl Ctx {
         }
         let before = self.counters()?;
         let kcmd = s.kernel_cmd(dir, port);
-        let emu_bin = self.o.bin_dir.join(s.emu_bin());
+        let emu_bin = if s.dropin {
+            // Debian's ibverbs-utils on the host, found on PATH
+            PathBuf::from(s.emu_bin())
+        } else {
+            self.o.bin_dir.join(s.emu_bin())
+        };
         let eargs = s.emu_args(dir, port);
         let _ = std::fs::write(
             file("cmd.txt"),
@@ -293,8 +300,8 @@ impl Ctx {
         let spawn_emu = || {
             let mut c = self.vm.host_cmd(&emu_bin);
             c.args(&eargs);
-            if s.peer.is_some() {
-                // Debian's program on our drop-in libibverbs.so.1 and rxe-emud
+            if s.needs_daemon() {
+                // a Debian-built program on our drop-in libibverbs.so.1 and rxe-emud
                 c.env("LD_LIBRARY_PATH", &lib_dir)
                     .env("RXE_EMU_SOCKET", self.emud_socket())
                     .env("RXE_EMU_MODE", "daemon")
@@ -354,6 +361,18 @@ impl Ctx {
                     kernel_started = true;
                 }
                 Direction::KernelServer => {
+                    // Debian's pingpong tries to connect once: wait until
+                    // the guest's server listens
+                    let w = Instant::now();
+                    while s.dropin && !self.vm.guest_listening(port) {
+                        if matches!(self.vm.bgstat(&job), Some(Job::Exited(_)) | None)
+                            || w.elapsed() > Duration::from_secs(15)
+                        {
+                            failures.push("kernel server did not listen within 15 s".into());
+                            break;
+                        }
+                        sleep(Duration::from_millis(100));
+                    }
                     emu =
                         Some(spawn_emu().map_err(|e| {
                             Infra(format!("cannot start {}: {e}", emu_bin.display()))
@@ -712,8 +731,20 @@ fn main() {
         script: o.vm.clone(),
         netns,
     };
-    if runs.iter().any(|(s, _)| s.peer.is_some()) {
+    for (s, _) in runs.iter().filter(|(s, _)| s.dropin) {
+        let tool = s.emu_bin();
+        let on_path = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(&tool).is_file()));
+        if !on_path {
+            eprintln!("rxe-conformance: {tool} is not on PATH (apt-get install ibverbs-utils)");
+            exit(2);
+        }
+    }
+    if runs.iter().any(|(s, _)| s.needs_daemon()) {
         for b in ["rxe-interop-peer", "rxe-emud", "libibverbs.so"] {
+            if b == "rxe-interop-peer" && !runs.iter().any(|(s, _)| s.peer.is_some()) {
+                continue;
+            }
             if !o.bin_dir.join(b).is_file() {
                 eprintln!(
                     "rxe-conformance: {} is missing (build first)",
@@ -722,7 +753,8 @@ fn main() {
                 exit(2);
             }
         }
-        // what LD_LIBRARY_PATH points our side's rxe-interop-peer at
+        // what LD_LIBRARY_PATH points our side's rxe-interop-peer and
+        // Debian's pingpongs at
         let lib = o.out.join("lib");
         let link = lib.join("libibverbs.so.1");
         let _ = std::fs::create_dir_all(&lib);

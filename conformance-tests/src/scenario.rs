@@ -12,6 +12,9 @@ pub const HOST_IP: &str = "10.77.0.1";
 pub const GUEST_IP: &str = "10.77.0.11";
 /// First TCP port of the pingpong address exchange; each run takes its own.
 pub const BASE_PORT: u16 = 18515;
+/// QPs of `ibv_srq_pingpong` (`-q`; its default is 16), all receiving from
+/// one SRQ.
+pub const SRQ_QPS: u32 = 4;
 
 /// The QP type, i.e. which pingpong pair runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +85,15 @@ pub struct Scenario {
     /// `Some`: rxe-interop-peer on both sides (the server is the
     /// responder) instead of the pingpongs; see `peer.rs`.
     pub peer: Option<PeerSpec>,
+    /// Debian's unmodified `ibv_*_pingpong` on both sides: in the guest on
+    /// kernel rxe, on the host through our drop-in `libibverbs.so.1` and
+    /// rxe-emud (instead of our `rxe-*-pingpong`).
+    pub dropin: bool,
+    /// `ibv_srq_pingpong` (RC, `SRQ_QPS` QPs receiving from one SRQ);
+    /// only with `dropin`.
+    pub srq: bool,
+    /// `-e`: both sides sleep on completion events instead of polling.
+    pub events: bool,
 }
 
 impl Scenario {
@@ -95,6 +107,26 @@ impl Scenario {
             link_mtu: 1500,
             loss_pct: 0,
             peer: None,
+            dropin: false,
+            srq: false,
+            events: false,
+        }
+    }
+
+    /// Debian's `ibv_*_pingpong` on both sides (host: through the drop-in).
+    fn dropin(name: &str, transport: Transport, size: usize, iters: u32, events: bool) -> Self {
+        Scenario {
+            dropin: true,
+            events,
+            ..Scenario::new(name, transport, size, iters)
+        }
+    }
+
+    /// `ibv_srq_pingpong` on both sides (host: through the drop-in).
+    fn dropin_srq(name: &str, size: usize, iters: u32, events: bool) -> Self {
+        Scenario {
+            srq: true,
+            ..Scenario::dropin(name, Transport::Rc, size, iters, events)
         }
     }
 
@@ -114,6 +146,9 @@ impl Scenario {
             link_mtu: if path_mtu > 1024 { 9000 } else { 1500 },
             loss_pct: 0,
             peer: Some(spec),
+            dropin: false,
+            srq: false,
+            events: false,
         }
     }
 
@@ -134,21 +169,46 @@ impl Scenario {
                 p.args(port, self.path_mtu, to).join(" ")
             );
         }
+        let to = (dir == Direction::EmuServer).then_some(HOST_IP);
+        self.debian_cmd(port, to).join(" ")
+    }
+
+    /// rdma-core's pingpong and its arguments; `connect_to` makes it the
+    /// client.
+    fn debian_cmd(&self, port: u16, connect_to: Option<&str>) -> Vec<String> {
         let tool = match self.transport {
+            _ if self.srq => "ibv_srq_pingpong",
             Transport::Rc => "ibv_rc_pingpong",
             Transport::Uc => "ibv_uc_pingpong",
             Transport::Ud => "ibv_ud_pingpong",
         };
-        let mut c = format!(
-            "{tool} -d rxe0 -g 1 -p {port} -s {} -n {} -c",
-            self.size, self.iters
-        );
+        let mut c: Vec<String> = [
+            tool,
+            "-d",
+            "rxe0",
+            "-g",
+            "1",
+            "-p",
+            &port.to_string(),
+            "-s",
+            &self.size.to_string(),
+            "-n",
+            &self.iters.to_string(),
+            "-c",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         if self.transport != Transport::Ud {
-            c += &format!(" -m {}", self.path_mtu);
+            c.extend(["-m".into(), self.path_mtu.to_string()]);
         }
-        if dir == Direction::EmuServer {
-            c += &format!(" {HOST_IP}");
+        if self.srq {
+            c.extend(["-q".into(), SRQ_QPS.to_string()]);
         }
+        if self.events {
+            c.push("-e".into());
+        }
+        c.extend(connect_to.map(String::from));
         c
     }
 
@@ -160,6 +220,10 @@ impl Scenario {
             a.extend(["--linger".into(), peer::LINGER_MS.to_string()]);
             a.extend(to.map(String::from));
             return a;
+        }
+        if self.dropin {
+            let to = (dir == Direction::KernelServer).then_some(GUEST_IP);
+            return self.debian_cmd(port, to).split_off(1);
         }
         let mut a: Vec<String> = vec![
             "--ip".into(),
@@ -188,15 +252,24 @@ impl Scenario {
         a
     }
 
-    /// Our binary's name.
-    pub fn emu_bin(&self) -> &'static str {
+    /// Our binary's name (in the build's bin dir), or for `dropin`
+    /// Debian's tool (found on PATH).
+    pub fn emu_bin(&self) -> String {
         if self.peer.is_some() {
-            return "rxe-interop-peer";
+            return "rxe-interop-peer".into();
+        }
+        if self.dropin {
+            return self.debian_cmd(0, None).swap_remove(0);
         }
         match self.transport {
-            Transport::Rc | Transport::Uc => "rxe-rc-pingpong",
-            Transport::Ud => "rxe-ud-pingpong",
+            Transport::Rc | Transport::Uc => "rxe-rc-pingpong".into(),
+            Transport::Ud => "rxe-ud-pingpong".into(),
         }
+    }
+
+    /// Our side runs through the drop-in `libibverbs.so.1` and rxe-emud.
+    pub fn needs_daemon(&self) -> bool {
+        self.peer.is_some() || self.dropin
     }
 }
 
@@ -220,6 +293,18 @@ pub fn all() -> Vec<Scenario> {
             .chain(peer::error_modes())
             .map(|(n, p)| Scenario::peer(&n, p, 1024)),
     );
+    // Debian's unmodified pingpongs on both sides; UD at the path-MTU
+    // payload (1024 bytes + the 40-byte GRH in the receive buffer)
+    v.extend([
+        Scenario::dropin("deb-rc-1", Rc, 1, 100, false),
+        Scenario::dropin("deb-rc-65536-e", Rc, 65536, 20, true),
+        Scenario::dropin("deb-uc-1-e", Uc, 1, 100, true),
+        Scenario::dropin("deb-uc-65536", Uc, 65536, 20, false),
+        Scenario::dropin("deb-ud-1", Ud, 1, 100, false),
+        Scenario::dropin("deb-ud-1024-e", Ud, 1024, 100, true),
+        Scenario::dropin_srq("deb-srq-1", 1, 50, false),
+        Scenario::dropin_srq("deb-srq-65536-e", 65536, 5, true),
+    ]);
     let mut loss = Scenario::new("rc-loss5-16384", Rc, 16384, 30);
     loss.loss_pct = 5;
     v.push(loss);
@@ -274,7 +359,7 @@ pub fn check_side(
             why.push(format!("{side} did not print \"{}\"", want.trim_end()));
         }
     }
-    if emu {
+    if emu && !s.dropin {
         let checked = format!("{} received messages checked", s.iters);
         if !r.output.contains(&checked) {
             why.push(format!("{side} did not print \"{checked}\""));
@@ -527,6 +612,37 @@ mod tests {
     }
 
     #[test]
+    fn dropin_runs_debians_tool_on_both_sides() {
+        let v = all();
+        let srq = v.iter().find(|s| s.name == "deb-srq-65536-e").unwrap();
+        assert_eq!(
+            srq.kernel_cmd(Direction::EmuServer, 18600),
+            "ibv_srq_pingpong -d rxe0 -g 1 -p 18600 -s 65536 -n 5 -c -m 1024 -q 4 -e 10.77.0.1"
+        );
+        assert_eq!(srq.emu_bin(), "ibv_srq_pingpong");
+        assert_eq!(
+            srq.emu_args(Direction::KernelServer, 18600).join(" "),
+            "-d rxe0 -g 1 -p 18600 -s 65536 -n 5 -c -m 1024 -q 4 -e 10.77.0.11"
+        );
+        assert!(srq.needs_daemon());
+        let ud = v.iter().find(|s| s.name == "deb-ud-1").unwrap();
+        assert_eq!(ud.emu_bin(), "ibv_ud_pingpong");
+        assert_eq!(
+            ud.emu_args(Direction::EmuServer, 1).join(" "),
+            "-d rxe0 -g 1 -p 1 -s 1 -n 100 -c"
+        );
+        // no "received messages checked" line from Debian's tool
+        let ok = SideResult {
+            rc: Some(0),
+            output:
+                "200 bytes in 0.01 seconds = 1 Mbit/sec\n100 iters in 0.01 seconds = 1 usec/iter\n"
+                    .into(),
+        };
+        assert!(check_side(ud, "emu", &ok, true, true).is_empty());
+        assert!(!rc().needs_daemon());
+    }
+
+    #[test]
     fn every_scenario_name_is_unique_and_mtu_changes_once() {
         let v = all();
         let mut names: Vec<_> = v.iter().map(|s| s.name.clone()).collect();
@@ -545,6 +661,7 @@ mod tests {
             if s.transport == Transport::Ud && s.peer.is_none() {
                 assert!(s.size <= 1024, "a UD message fits one 1024-byte packet");
             }
+            assert!(!s.srq || s.dropin, "only Debian's tool does SRQ");
         }
     }
 
