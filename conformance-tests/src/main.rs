@@ -824,6 +824,7 @@ fn main() {
             &results[j].emu_counters,
             &results[j].counters,
             &k.emu_counters,
+            peer::packets_timing_dependent(&k.name),
         );
         match cmp {
             Some(d) if !d.is_empty() => results[j].failures.push(format!(
