@@ -221,3 +221,59 @@ fn rxe_emu_exec_starts_the_daemon_and_runs_an_unmodified_program_on_rxe0() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot run"));
     let _ = run(&["stop"]);
 }
+
+/// The Rust example `rxe-rc-pingpong` (verbs-api) and Debian's unmodified
+/// `ibv_rc_pingpong` (on our libibverbs) on one rxe-emud device, each as
+/// server and as client; our side checks every received message of the
+/// pattern rdma-core's `-c` writes.
+#[test]
+fn rust_rc_pingpong_talks_to_debians_ibv_rc_pingpong_on_the_dropin() {
+    if !have_program("ibv_rc_pingpong", "ibverbs-utils") {
+        return;
+    }
+    let rust = common::profile_dir().join("rxe-rc-pingpong");
+    if !rust.exists() {
+        panic!(
+            "{} is missing: cargo build --release -p verbs-api --bins",
+            rust.display()
+        );
+    }
+    let _s = serial();
+    let d = Daemon::start("rust-debian", "rxe0=127.0.96.1");
+    let args = ["-d", "rxe0", "-g", "1", "-n", "50", "-s", "4096", "-c"];
+    for (port, rust_is_server) in [(18561u16, true), (18562, false)] {
+        let port_s = port.to_string();
+        let mut rs = d.command(rust.to_str().unwrap());
+        rs.env("RXE_EMU_MODE", "daemon")
+            .args(args)
+            .args(["-p", &port_s]);
+        let mut deb = d.command("ibv_rc_pingpong");
+        deb.args(args).args(["-p", &port_s]);
+        let (mut server, mut client) = if rust_is_server { (rs, deb) } else { (deb, rs) };
+        let server = server.spawn().unwrap();
+        let start = std::time::Instant::now();
+        while !common::listening(port) && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        client.arg("127.0.0.1");
+        let (c, t1) = common::wait_limited(client.spawn().unwrap(), LIMIT);
+        let (s, t2) = common::wait_limited(server, LIMIT);
+        let text = |o: &std::process::Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        let (st, ct) = (text(&s), text(&c));
+        assert!(
+            !t1 && !t2 && s.status.success() && c.status.success(),
+            "rust server: {rust_is_server}\nserver:\n{st}\nclient:\n{ct}"
+        );
+        for t in [&st, &ct] {
+            assert!(t.contains("409600 bytes in"), "{t}");
+        }
+        let ours = if rust_is_server { &st } else { &ct };
+        assert!(ours.contains("50 received messages checked"), "{ours}");
+    }
+}

@@ -187,7 +187,7 @@ pub fn wait_limited(mut child: Child, limit: Duration) -> (Output, bool) {
 }
 
 /// Whether something listens on TCP `port` (IPv4 or IPv6, any address).
-fn listening(port: u16) -> bool {
+pub fn listening(port: u16) -> bool {
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
         std::fs::read_to_string(f).is_ok_and(|t| {
             t.lines().skip(1).any(|l| {
