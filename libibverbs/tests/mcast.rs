@@ -6,33 +6,17 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::Command;
 use std::time::Duration;
 
-use common::{have_file, have_program, scratch_dir, serial, wait_limited, Daemon};
+use common::{compile_c, scratch_dir, serial, wait_limited, Daemon};
 
 #[test]
 fn two_processes_receive_what_a_third_sends_to_their_group() {
-    if !have_file("/usr/include/infiniband/verbs.h", "libibverbs-dev") || !have_program("cc", "gcc")
-    {
-        return;
-    }
-    let _s = serial();
     let dir = scratch_dir("mcast");
-    let exe = dir.join("mcast");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/mcast.c");
-    let cc = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg("-libverbs")
-        .output()
-        .expect("cc runs");
-    assert!(
-        cc.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let Some(exe) = compile_c("mcast", &dir) else {
+        return;
+    };
+    let _s = serial();
     let exe = exe.to_str().unwrap();
     let d = Daemon::start("mcast", "rxe0=127.0.94.1");
     let group = "239.94.0.7";

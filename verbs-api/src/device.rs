@@ -681,40 +681,7 @@ impl Inner {
         if app && self.has_deferred() {
             self.flush(&mut e);
         }
-        loop {
-            match self.socket.recv_from(buf) {
-                Ok((n, src)) => {
-                    let now = self.now();
-                    let dg = RxDatagram {
-                        src: src.ip(),
-                        dst: self.cfg.addr,
-                        src_port: src.port(),
-                        dst_port: wire::ROCEV2_UDP_PORT,
-                        ipv4_id: None,
-                        payload: &buf[..n],
-                    };
-                    if self.tracing.load(Ordering::Relaxed) {
-                        let info = wire::icrc::IpUdpInfo {
-                            src: dg.src,
-                            dst: dg.dst,
-                            src_port: dg.src_port,
-                            dst_port: dg.dst_port,
-                            ipv4_id: 0,
-                            ipv4_flags_frag: 0x4000,
-                        };
-                        self.trace_packet('r', &info, dg.payload);
-                    }
-                    e.handle_datagram(now, &dg);
-                    // Send what it produced before reading more, so a burst
-                    // of requests cannot pile up responses in memory.
-                    self.flush_with(&mut e, app);
-                }
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                // WouldBlock: nothing more. Other errors (ICMP reports on
-                // some paths) are loss to the transport.
-                Err(_) => break,
-            }
-        }
+        self.drain_socket(&mut e, &self.socket, self.cfg.addr, buf, app);
         self.progress_multicast(&mut e, buf, app);
         let now = self.now();
         if e.poll_timeout().is_some_and(|d| d <= now) {
@@ -723,39 +690,56 @@ impl Inner {
         self.flush_with(&mut e, app);
     }
 
-    /// Read what the multicast sockets hold into the engine (destination:
-    /// the group's address, which selects the group's members).
+    /// Read every datagram `sock` holds into the engine; `dst` is the
+    /// address they were sent to (the device's, or a multicast group's,
+    /// which selects the group's members).
+    fn drain_socket(
+        &self,
+        e: &mut Engine<HostMemory>,
+        sock: &UdpSocket,
+        dst: IpAddr,
+        buf: &mut [u8],
+        app: bool,
+    ) {
+        loop {
+            let (n, src) = match sock.recv_from(buf) {
+                Ok(x) => x,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock: nothing more. Other errors (ICMP reports on
+                // some paths) are loss to the transport.
+                Err(_) => break,
+            };
+            let dg = RxDatagram {
+                src: src.ip(),
+                dst,
+                src_port: src.port(),
+                dst_port: wire::ROCEV2_UDP_PORT,
+                ipv4_id: None,
+                payload: &buf[..n],
+            };
+            if self.tracing.load(Ordering::Relaxed) {
+                let info = wire::icrc::IpUdpInfo {
+                    src: dg.src,
+                    dst: dg.dst,
+                    src_port: dg.src_port,
+                    dst_port: dg.dst_port,
+                    ipv4_id: 0,
+                    ipv4_flags_frag: 0x4000,
+                };
+                self.trace_packet('r', &info, dg.payload);
+            }
+            e.handle_datagram(self.now(), &dg);
+            // Send what it produced before reading more, so a burst of
+            // requests cannot pile up responses in memory.
+            self.flush_with(e, app);
+        }
+    }
+
+    /// Read what the multicast sockets hold into the engine.
     fn progress_multicast(&self, e: &mut Engine<HostMemory>, buf: &mut [u8], app: bool) {
         let groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
         for (group, sock) in groups.iter() {
-            loop {
-                let (n, src) = match sock.recv_from(buf) {
-                    Ok(x) => x,
-                    Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                };
-                let dg = RxDatagram {
-                    src: src.ip(),
-                    dst: *group,
-                    src_port: src.port(),
-                    dst_port: wire::ROCEV2_UDP_PORT,
-                    ipv4_id: None,
-                    payload: &buf[..n],
-                };
-                if self.tracing.load(Ordering::Relaxed) {
-                    let info = wire::icrc::IpUdpInfo {
-                        src: dg.src,
-                        dst: dg.dst,
-                        src_port: dg.src_port,
-                        dst_port: dg.dst_port,
-                        ipv4_id: 0,
-                        ipv4_flags_frag: 0x4000,
-                    };
-                    self.trace_packet('r', &info, dg.payload);
-                }
-                e.handle_datagram(self.now(), &dg);
-                self.flush_with(e, app);
-            }
+            self.drain_socket(e, sock, *group, buf, app);
         }
     }
 

@@ -255,33 +255,7 @@ fn ud_with_grh_and_srq_over_udp() {
         .create_qp(QpType::Ud, &cq_b, &cq_b, Some(&srq), cap, false)
         .unwrap();
     for (qp, qkey) in [(&a.qp, 0x1111u32), (&qp_b, 0x2222)] {
-        qp.modify(
-            &QpAttr {
-                qp_state: Some(QpState::Init),
-                port_num: 1,
-                qkey,
-                ..QpAttr::default()
-            },
-            M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
-        )
-        .unwrap();
-        qp.modify(
-            &QpAttr {
-                qp_state: Some(QpState::Rtr),
-                ..QpAttr::default()
-            },
-            M::STATE,
-        )
-        .unwrap();
-        qp.modify(
-            &QpAttr {
-                qp_state: Some(QpState::Rts),
-                sq_psn: 1,
-                ..QpAttr::default()
-            },
-            M::STATE | M::SQ_PSN,
-        )
-        .unwrap();
+        ud_ready(qp, qkey);
     }
     let mut rbuf = vec![0u8; 4 * 1100];
     let rmr = pd_b.reg_mr(&mut rbuf, ALL).unwrap();

@@ -270,3 +270,29 @@ pub fn client_server(d: &Daemon, prog: &str, args: &[&str], port: u16, limit: Du
         timed_out: t1 || t2,
     }
 }
+
+/// Compile `tests/c/<name>.c` against the system's `<infiniband/verbs.h>`
+/// and libibverbs (as a program is built; it runs on ours through
+/// [`Daemon::command`]) into `dir`. `None`, after saying why, if the
+/// headers or a C compiler are missing outside CI.
+pub fn compile_c(name: &str, dir: &Path) -> Option<PathBuf> {
+    if !have_file("/usr/include/infiniband/verbs.h", "libibverbs-dev") || !have_program("cc", "gcc")
+    {
+        return None;
+    }
+    let exe = dir.join(name);
+    let src = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .arg("-libverbs")
+        .output()
+        .expect("cc runs");
+    assert!(
+        cc.status.success(),
+        "cc {name}.c failed:\n{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    Some(exe)
+}
