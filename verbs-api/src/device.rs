@@ -130,6 +130,10 @@ impl DeviceConfig {
 /// once; an application that stops polling without arming leaves incoming
 /// packets and timers waiting at most this long.
 const APP_POLL_GRACE: Duration = Duration::from_micros(50);
+/// The longest the progress thread sleeps while an application keeps
+/// polling: it looks after each grace period at first, then ever less
+/// often, so a long busy-poll is not preempted 20 000 times a second.
+const MAX_SPIN_WAIT: Duration = Duration::from_millis(1);
 
 /// The most responses a flush holds back (see [`Inner::flush_with`]).
 const HOLD_MAX: usize = 16;
@@ -175,7 +179,9 @@ pub(crate) struct Inner {
     /// an application polling a CQ gets its completion before the
     /// acknowledgement is sent, as kernel rxe's responder completes before
     /// it acknowledges. Touched only with the engine locked; sent by the
-    /// next flush that does not hold, at most [`APP_POLL_GRACE`] later.
+    /// application's next poll or post, or, if it stopped polling without
+    /// arming a CQ, by the progress thread within [`APP_POLL_GRACE`] to
+    /// [`MAX_SPIN_WAIT`] (the longer it had polled, the later).
     deferred: Mutex<Vec<Transmit>>,
     senders: Mutex<HashMap<u16, Option<UdpSocket>>>,
     /// One socket per multicast group a QP of this device is attached to,
@@ -972,6 +978,7 @@ impl Inner {
     }
 
     fn progress_loop(self: Arc<Self>) {
+        let mut spin_wait = APP_POLL_GRACE;
         let mut buf = vec![0u8; 65536];
         let mut wbuf = [0u8; 64];
         while !self.stop.load(Ordering::SeqCst) {
@@ -988,12 +995,17 @@ impl Inner {
                 // A hand-off between the check above and the flag's store
                 // saw no flag and sent no wake: check again after it.
                 if self.app_spinning(self.now()).is_some() && !self.stop.load(Ordering::SeqCst) {
-                    let wait = until.saturating_duration_since(self.now());
+                    let wait = until.saturating_duration_since(self.now()).max(spin_wait);
                     crate::sys::wait_readable(&self.watched(false), Some(wait));
                 }
                 self.spin_sleeping.store(false, Ordering::SeqCst);
+                // The longer the application keeps polling, the less often
+                // this thread wakes to look (each wake preempts a spinning
+                // thread on a small machine), up to MAX_SPIN_WAIT.
+                spin_wait = (spin_wait * 2).min(MAX_SPIN_WAIT);
                 continue;
             }
+            spin_wait = APP_POLL_GRACE;
             self.progress(&mut buf, false);
             let deadline = match (self.lock().poll_timeout(), self.next_due()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
