@@ -622,13 +622,22 @@ impl Server {
         let mut closed = false;
         {
             let c = self.clients.get_mut(&id).expect("polled client exists");
+            // Bytes after the last newline: the line still being sent.
+            let mut partial =
+                c.buf.len() - c.buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
             loop {
                 match c.stream.read(&mut chunk) {
                     Ok(0) => {
                         closed = true;
                         break;
                     }
-                    Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+                    Ok(n) => {
+                        c.buf.extend_from_slice(&chunk[..n]);
+                        partial = match chunk[..n].iter().rposition(|&b| b == b'\n') {
+                            Some(p) => n - p - 1,
+                            None => partial + n,
+                        };
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(_) => {
@@ -639,8 +648,6 @@ impl Server {
                 // Many whole lines (a traced process's burst of packet
                 // lines) are fine; one line longer than 4 KiB is not: nobody
                 // needs a request that long, it is a confused peer.
-                let partial =
-                    c.buf.len() - c.buf.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
                 if partial > 4096 {
                     closed = true;
                     break;

@@ -1179,7 +1179,9 @@ unsafe extern "C" fn create_srq_ex(
         }
         // SAFETY: the program's live XRCD and CQ.
         let (xo, co) = unsafe { (crate::xrc::xrcd(a.xrcd), cq(a.cq)) };
-        let shared = xo.shared.clone();
+        // Borrowed, not cloned: close_xrcd counts the open references by
+        // the Arc's count.
+        let shared = &xo.shared;
         // SAFETY: forwarded caller contract.
         unsafe {
             create_srq_common(a.pd, a.srq_context, &mut a.attr, move |pdo, at| {

@@ -93,11 +93,10 @@ pub(crate) fn handle<M: Memory>(
     // ICRC: a packet to a QP in ERR, or to no QP, is not "received".
     ctx.counters.rcvd_pkts += 1;
     qp.counters.rcvd_pkts += 1;
-    let is_request = is_req;
-    if is_request && (qp.read_reply.is_some() || !qp.deferred.is_empty()) {
+    if is_req && (qp.read_reply.is_some() || !qp.deferred.is_empty()) {
         // Requests wait until the READ reply under way is sent.
         crate::resp::defer_request(qp, ctx, dg);
-    } else if is_request {
+    } else if is_req {
         crate::resp::on_request(qp, ctx, &pkt, dg);
     } else if qp.qp_type == QpType::Rc {
         crate::comp::on_response(qp, ctx, now, &pkt);

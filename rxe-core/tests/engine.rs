@@ -1700,3 +1700,124 @@ fn xrc_bad_srq_number_and_object_rules() {
     b.dealloc_xrcd(xrcd).unwrap();
     assert!(b.create_xrc_recv_qp(xrcd).is_err(), "closed");
 }
+
+/// Feed node `node` one datagram from `src` to `dst`, with a valid ICRC.
+fn inject(n: &mut Network, node: usize, src: &str, dst: &str, repr: &wire::PacketRepr<'_>) {
+    let info = wire::icrc::IpUdpInfo {
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        src_port: 50000,
+        dst_port: wire::ROCEV2_UDP_PORT,
+        ipv4_id: 0,
+        ipv4_flags_frag: 0x4000,
+    };
+    let mut buf = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut buf).unwrap();
+    wire::icrc::write(&info, &mut buf);
+    let now = n.now();
+    n.node(node).handle_datagram(
+        now,
+        &rxe_core::RxDatagram {
+            src: info.src,
+            dst: info.dst,
+            src_port: info.src_port,
+            dst_port: info.dst_port,
+            ipv4_id: Some(0),
+            payload: &buf,
+        },
+    );
+}
+
+/// A packet with only a BTH (and the given extras) for `dest_qpn`.
+fn bare_packet(op: wire::Opcode, dest_qpn: u32) -> wire::PacketRepr<'static> {
+    wire::PacketRepr {
+        bth: wire::bth::BthRepr {
+            opcode: op,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qpn,
+            ack_req: false,
+            psn: wire::Psn::new(0),
+        },
+        rdeth: None,
+        deth: None,
+        xrceth: None,
+        reth: None,
+        feth: None,
+        atomic: None,
+        aeth: None,
+        atomic_ack: None,
+        immdt: None,
+        ieth: None,
+        payload: &[],
+    }
+}
+
+/// Receive-path rules of XRC and multicast: an XRC initiator takes only
+/// responses and a target only requests; QPN 0xFFFFFF takes only UD
+/// SENDs, and a group datagram counts once as received even with no
+/// member here. Each refusal is counted and changes nothing.
+#[test]
+fn wrong_role_or_transport_datagrams_are_counted_and_dropped() {
+    let mut n = net(93, LinkConfig::perfect());
+    let b = n.node(1);
+    let xrcd = b.alloc_xrcd().unwrap();
+    let pd = b.alloc_pd().unwrap();
+    let cq = b.create_cq(8).unwrap();
+    let tgt = b.create_xrc_recv_qp(xrcd).unwrap();
+    let ini = n
+        .create_endpoint(0, QpType::XrcSend, None, None, 4)
+        .unwrap();
+    let tgt_end = QpEnd {
+        node: 1,
+        qpn: tgt,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+    };
+    n.connect(&ini, &tgt_end, &ConnectOpts::default()).unwrap();
+    let bad = |n: &mut Network, node: usize| n.nodes()[node].counters().rcvd_bad_qp;
+
+    // A request to the initiator.
+    let mut req = bare_packet(wire::Opcode::XRC_SEND_ONLY, ini.qpn);
+    req.xrceth = Some(wire::xrceth::XrcEthRepr { srqn: 1 });
+    let before = bad(&mut n, 0);
+    inject(&mut n, 0, B_IP, A_IP, &req);
+    assert_eq!(bad(&mut n, 0), before + 1);
+    assert!(n.node(0).poll_transmit().is_none(), "no answer");
+    assert_eq!(n.node(0).qp_state(ini.qpn), Some(QpState::Rts));
+
+    // A response to the target.
+    let mut ack = bare_packet(wire::Opcode::XRC_ACKNOWLEDGE, tgt);
+    ack.aeth = Some(wire::aeth::AethRepr {
+        syndrome: wire::aeth::Syndrome::from_raw(0x1f),
+        msn: 0,
+    });
+    let before = bad(&mut n, 1);
+    inject(&mut n, 1, A_IP, B_IP, &ack);
+    assert_eq!(bad(&mut n, 1), before + 1);
+    assert!(n.node(1).poll_transmit().is_none());
+    assert_eq!(n.node(1).qp_state(tgt), Some(QpState::Rts));
+
+    // Multicast: an RC SEND to QPN 0xFFFFFF, then a UD SEND to a group
+    // nobody here joined.
+    let group = "239.1.1.1";
+    let rc = bare_packet(wire::Opcode::RC_SEND_ONLY, rxe_core::mcast::MULTICAST_QPN);
+    let (before, pkts) = (bad(&mut n, 1), n.nodes()[1].counters().rcvd_pkts);
+    inject(&mut n, 1, A_IP, group, &rc);
+    assert_eq!(bad(&mut n, 1), before + 1);
+    assert_eq!(n.nodes()[1].counters().rcvd_pkts, pkts, "not a UD packet");
+    let mut ud = bare_packet(wire::Opcode::UD_SEND_ONLY, rxe_core::mcast::MULTICAST_QPN);
+    ud.deth = Some(wire::deth::DethRepr {
+        qkey: 7,
+        src_qpn: 0x11,
+    });
+    inject(&mut n, 1, A_IP, group, &ud);
+    assert_eq!(bad(&mut n, 1), before + 2, "no member of the group");
+    assert_eq!(n.nodes()[1].counters().rcvd_pkts, pkts + 1, "counted once");
+}

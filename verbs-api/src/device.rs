@@ -190,7 +190,12 @@ pub(crate) struct Inner {
     /// copy of a group datagram, so each process receives the group's
     /// traffic itself: the daemon never carries it.
     mcast: Mutex<Vec<(IpAddr, UdpSocket)>>,
+    /// `mcast` is not empty: the receive path and the progress loop look
+    /// at the mutex only then (it is touched on every poll).
+    mcast_on: AtomicBool,
     faults: Mutex<Option<Faults>>,
+    /// `faults` is `Some`: the transmit path takes its lock only then.
+    faults_on: AtomicBool,
     epoch: std::time::Instant,
     stop: AtomicBool,
     /// When the progress thread will wake on its own (ns since `epoch`;
@@ -475,6 +480,9 @@ impl Inner {
     /// One datagram through fault injection (if configured) to the wire,
     /// or to the delay queue.
     fn transmit(&self, eng: &mut Engine<HostMemory>, t: Transmit) {
+        if !self.faults_on.load(Ordering::Acquire) {
+            return self.send(eng, t);
+        }
         let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         let Some(f) = faults.as_mut() else {
             drop(faults);
@@ -512,6 +520,9 @@ impl Inner {
 
     /// Send the delayed datagrams whose time has come.
     fn send_due(&self, eng: &mut Engine<HostMemory>) {
+        if !self.faults_on.load(Ordering::Acquire) {
+            return;
+        }
         loop {
             let now = self.now();
             let t = {
@@ -530,6 +541,9 @@ impl Inner {
 
     /// When the oldest delayed datagram is due.
     fn next_due(&self) -> Option<Instant> {
+        if !self.faults_on.load(Ordering::Acquire) {
+            return None;
+        }
         let faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
         faults.as_ref()?.delayed.front().map(|(due, _)| *due)
     }
@@ -743,6 +757,9 @@ impl Inner {
 
     /// Read what the multicast sockets hold into the engine.
     fn progress_multicast(&self, e: &mut Engine<HostMemory>, buf: &mut [u8], app: bool) {
+        if !self.mcast_on.load(Ordering::Acquire) {
+            return;
+        }
         let groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
         for (group, sock) in groups.iter() {
             self.drain_socket(e, sock, *group, buf, app);
@@ -758,10 +775,10 @@ impl Inner {
                 self.cfg.addr
             ))
         })?;
-        self.mcast
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((group, sock));
+        let mut groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        groups.push((group, sock));
+        self.mcast_on.store(true, Ordering::Release);
+        drop(groups);
         // The progress thread waits on the new socket from its next round.
         self.wake();
         Ok(())
@@ -770,10 +787,9 @@ impl Inner {
     /// Stop receiving group `gid` (its last QP here detached).
     pub(crate) fn leave_mcast(&self, gid: [u8; 16]) {
         let group = rxe_core::gid_to_ip(gid);
-        self.mcast
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(g, _)| *g != group);
+        let mut groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        groups.retain(|(g, _)| *g != group);
+        self.mcast_on.store(!groups.is_empty(), Ordering::Release);
     }
 
     /// The application polls: it drives the device itself until
@@ -925,6 +941,7 @@ impl Inner {
                                 n.delayed = std::mem::take(&mut o.delayed);
                             }
                         }
+                        self.faults_on.store(new.is_some(), Ordering::Release);
                         *faults = new;
                         old
                     };
@@ -963,6 +980,8 @@ impl Inner {
         }
         if data {
             fds.push(self.socket.as_raw_fd());
+        }
+        if data && self.mcast_on.load(Ordering::Acquire) {
             let groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
             fds.extend(groups.iter().map(|(_, s)| s.as_raw_fd()));
         }
@@ -1163,6 +1182,8 @@ impl Device {
             socket,
             senders: Mutex::new(HashMap::new()),
             mcast: Mutex::new(Vec::new()),
+            mcast_on: AtomicBool::new(false),
+            faults_on: AtomicBool::new(faults.is_some()),
             faults: Mutex::new(faults),
             epoch: std::time::Instant::now(),
             stop: AtomicBool::new(false),
