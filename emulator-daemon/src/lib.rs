@@ -31,6 +31,8 @@
 #![deny(missing_docs)]
 
 pub mod client;
+pub mod cm_client;
+pub mod cmproto;
 pub mod explain;
 mod fdpass;
 pub use fdpass::{send_all_nosignal, send_nosignal};
