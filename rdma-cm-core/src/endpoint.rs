@@ -912,6 +912,8 @@ impl Endpoint {
             CmMessage::Rtu(rtu) => self.on_rtu(rtu),
             CmMessage::Dreq(dreq) => self.on_dreq(now, src_gid, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(now, drep),
+            // Not handled yet: dropped, as when they did not parse.
+            CmMessage::SidrReq(_) | CmMessage::SidrRep(_) => self.dropped += 1,
         }
     }
 
