@@ -74,22 +74,31 @@ pub enum SentMessage {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A REQ for a listened service ID (kernel `IB_CM_REQ_RECEIVED`):
-    /// answer with [`Endpoint::accept`] or [`Endpoint::reject`].
+    /// answer with [`Endpoint::accept`] or [`Endpoint::reject`] (an
+    /// unwanted ECE option: [`RejectReason::VENDOR_OPTION_NOT_SUPPORTED`]).
     ConnectRequest {
         /// The new passive connection.
         id: ConnId,
         /// The GID the REQ came from (where answers go).
         remote_gid: Gid,
-        /// The whole REQ: QPN, PSN, paths, private data.
+        /// The whole REQ: QPN, PSN, paths, private data, ECE vendor ID
+        /// (`req.vendor_id`).
         req: Box<ReqRepr>,
+        /// The REQ's ECE options: its MAD header's attribute modifier
+        /// (kernel `cm_format_req_event`: `ece.attr_mod`).
+        ece_attr_mod: u32,
     },
     /// A REP for our REQ (kernel `IB_CM_REP_RECEIVED`): bring the QP to
     /// RTR/RTS, then call [`Endpoint::ready_to_use`].
     ConnectReply {
         /// The active connection.
         id: ConnId,
-        /// The whole REP: QPN, PSN, private data.
+        /// The whole REP: QPN, PSN, private data, ECE vendor ID
+        /// (`rep.vendor_id`).
         rep: Box<RepRepr>,
+        /// The REP's ECE options: its MAD header's attribute modifier
+        /// (kernel `cm_format_rep_event`: `ece.attr_mod`).
+        ece_attr_mod: u32,
     },
     /// The connection is established: on the passive side an RTU arrived
     /// (kernel `IB_CM_RTU_RECEIVED`) or [`Endpoint::notify_established`]
@@ -302,6 +311,12 @@ pub struct ConnectParams {
     /// Consumer private data (at most 92 bytes; rdma_cm's starts with its
     /// `cma_hdr`).
     pub private_data: Vec<u8>,
+    /// Enhanced Connection Establishment vendor ID, the REQ's 24-bit
+    /// VendorID (kernel `ib_cm_req_param.ece.vendor_id`; 0 without ECE).
+    pub ece_vendor_id: u32,
+    /// ECE options, sent as the REQ's MAD attribute modifier (kernel
+    /// `cm_format_mad_ece_hdr` with `ece.attr_mod`; 0 without ECE).
+    pub ece_attr_mod: u32,
 }
 
 /// What [`Endpoint::accept`] puts into the REP (kernel `struct
@@ -326,6 +341,12 @@ pub struct AcceptParams {
     pub srq: bool,
     /// Private data (at most 196 bytes).
     pub private_data: Vec<u8>,
+    /// ECE vendor ID, the REP's 24-bit VendorID (kernel
+    /// `ib_cm_rep_param.ece.vendor_id`; 0 without ECE).
+    pub ece_vendor_id: u32,
+    /// ECE options, sent as the REP's MAD attribute modifier (kernel
+    /// `cm_format_rep`; 0 without ECE).
+    pub ece_attr_mod: u32,
 }
 
 /// What [`Endpoint::sidr_request`] puts into the SIDR_REQ, and how it is
@@ -593,6 +614,8 @@ impl Endpoint {
     /// REQ_SENT, and the REQ is resent every 2 × packet life time + remote
     /// CM response timeout (`cm_convert_to_ms` each) until a REP, REJ or
     /// MRA, at most `max_cm_retries` times, then [`Event::Unreachable`].
+    /// ECE goes as kernel `cm_format_req` sends it: the vendor ID in the
+    /// REQ, the options in the MAD header's attribute modifier.
     pub fn connect(&mut self, now: Instant, params: &ConnectParams) -> Result<ConnId, CmError> {
         let private_data = pad_private_data(&params.private_data)
             .map_err(|_| too_long(params.private_data.len(), cm::req::PRIVATE_DATA_LEN))?;
@@ -604,7 +627,7 @@ impl Endpoint {
         };
         let req = ReqRepr {
             local_comm_id: local_id,
-            vendor_id: 0,
+            vendor_id: params.ece_vendor_id & 0x00ff_ffff,
             service_id: params.service_id,
             local_ca_guid: self.config.local_ca_guid,
             local_qkey: 0,
@@ -657,7 +680,7 @@ impl Endpoint {
         );
         let mad = CmMad {
             transaction_id: tid,
-            attribute_modifier: 0,
+            attribute_modifier: params.ece_attr_mod,
             message: CmMessage::Req(req),
         };
         self.send_outstanding(now, local_id, SentMessage::Req, mad.to_bytes());
@@ -776,7 +799,8 @@ impl Endpoint {
     /// Answer a REQ with a REP (kernel `ib_send_cm_rep`): REP_SENT, the
     /// REP resent every `cm_convert_to_ms(REQ local CM response timeout)`
     /// at most the REQ's max CM retries times, until RTU (or
-    /// [`notify_established`](Self::notify_established)).
+    /// [`notify_established`](Self::notify_established)). ECE goes as in
+    /// [`connect`](Self::connect) (kernel `cm_format_rep`).
     pub fn accept(
         &mut self,
         now: Instant,
@@ -801,7 +825,7 @@ impl Endpoint {
             local_qkey: 0,
             local_qpn: params.qpn & 0x00ff_ffff,
             local_eecn: 0,
-            vendor_id: 0,
+            vendor_id: params.ece_vendor_id & 0x00ff_ffff,
             starting_psn: params.starting_psn & 0x00ff_ffff,
             responder_resources: params.responder_resources,
             initiator_depth: params.initiator_depth,
@@ -818,7 +842,7 @@ impl Endpoint {
         c.mra = None;
         let mad = CmMad {
             transaction_id: c.tid,
-            attribute_modifier: 0,
+            attribute_modifier: params.ece_attr_mod,
             message: CmMessage::Rep(rep),
         };
         self.send_outstanding(now, id.0, SentMessage::Rep, mad.to_bytes());
@@ -906,7 +930,11 @@ impl Endpoint {
 
     /// Reject (kernel `ib_send_cm_rej`): before RTU, on either side. From
     /// REP_SENT/MRA_REP_RCVD the connection enters TIMEWAIT, otherwise it
-    /// returns to IDLE (and the id becomes invalid).
+    /// returns to IDLE (and the id becomes invalid). Refusing the peer's
+    /// ECE options is a reject with reason
+    /// [`RejectReason::VENDOR_OPTION_NOT_SUPPORTED`], as rdma_cm's
+    /// `rdma_reject` sends it; the REJ itself carries no ECE (kernel
+    /// `cm_format_rej` leaves the attribute modifier 0).
     pub fn reject(
         &mut self,
         now: Instant,
@@ -1198,11 +1226,12 @@ impl Endpoint {
             return;
         };
         let tid = m.transaction_id;
+        let attr_mod = m.attribute_modifier;
         match m.message {
-            CmMessage::Req(req) => self.on_req(now, src_gid, tid, req),
+            CmMessage::Req(req) => self.on_req(now, src_gid, tid, attr_mod, req),
             CmMessage::Mra(mra) => self.on_mra(now, mra),
             CmMessage::Rej(rej) => self.on_rej(now, rej),
-            CmMessage::Rep(rep) => self.on_rep(src_gid, tid, rep),
+            CmMessage::Rep(rep) => self.on_rep(src_gid, tid, attr_mod, rep),
             CmMessage::Rtu(rtu) => self.on_rtu(rtu),
             CmMessage::Dreq(dreq) => self.on_dreq(now, src_gid, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(now, drep),
@@ -1247,7 +1276,7 @@ impl Endpoint {
     }
 
     /// Kernel `cm_req_handler`, `cm_match_req`, `cm_dup_req_handler`.
-    fn on_req(&mut self, now: Instant, src_gid: Gid, tid: u64, req: ReqRepr) {
+    fn on_req(&mut self, now: Instant, src_gid: Gid, tid: u64, attr_mod: u32, req: ReqRepr) {
         // A REQ we already have a connection for (same remote comm ID and
         // CA GUID: `cm_insert_remote_id`) is a duplicate.
         let dup = self
@@ -1352,6 +1381,7 @@ impl Endpoint {
                 id: ConnId(local_id),
                 remote_gid: src_gid,
                 req: Box::new(req),
+                ece_attr_mod: attr_mod,
             },
         );
     }
@@ -1441,7 +1471,7 @@ impl Endpoint {
     }
 
     /// Kernel `cm_rep_handler` and `cm_dup_rep_handler`.
-    fn on_rep(&mut self, src_gid: Gid, tid: u64, rep: RepRepr) {
+    fn on_rep(&mut self, src_gid: Gid, tid: u64, attr_mod: u32, rep: RepRepr) {
         if let Some(local_id) = self.find(rep.remote_comm_id, 0) {
             let Some(c) = self.conns.get(&local_id) else {
                 return;
@@ -1482,6 +1512,7 @@ impl Endpoint {
                 Event::ConnectReply {
                     id: ConnId(local_id),
                     rep: Box::new(rep),
+                    ece_attr_mod: attr_mod,
                 },
             );
             return;

@@ -109,6 +109,8 @@ fn connect_params(qpn: u32) -> ConnectParams {
             ..PathRepr::default()
         },
         private_data: b"hello from A".to_vec(),
+        ece_vendor_id: 0,
+        ece_attr_mod: 0,
     }
 }
 
@@ -126,6 +128,8 @@ fn accept_params_for(req_qpn: u32) -> AcceptParams {
         rnr_retry_count: 7,
         srq: false,
         private_data: b"hello from B".to_vec(),
+        ece_vendor_id: 0,
+        ece_attr_mod: 0,
     }
 }
 
@@ -1228,4 +1232,135 @@ proptest! {
         prop_assert_eq!(outcomes.len(), 1, "{:?}", outcomes);
         prop_assert!(outcomes[0].0 <= 16 * SIDR_TIMEOUT_MS);
     }
+}
+
+#[test]
+fn ece_travels_in_req_and_rep_as_the_kernel_sends_it() {
+    // Kernel cm_format_req / cm_format_rep: the vendor ID in the message
+    // (REQ bytes 5-7; REP bytes 15, 19 and 23), the options in the MAD
+    // header's attribute modifier (cm_format_mad_ece_hdr), and
+    // cm_format_req_event / cm_format_rep_event hand both up. Every other
+    // message keeps attribute modifier 0 (cm_format_mad_hdr).
+    let t0 = Instant::now();
+    let mut a = Endpoint::new(config(0xaaaa, 0x1111_0000));
+    let mut b = Endpoint::new(config(0xbbbb, 0x5555_0000));
+    b.listen(SERVICE).unwrap();
+    let params = ConnectParams {
+        // Above 24 bits is cut, as IBA_SET cuts it.
+        ece_vendor_id: 0x0100_02c9,
+        ece_attr_mod: 0x8000_0001,
+        ..connect_params(0xa1a)
+    };
+    let id = a.connect(t0, &params).unwrap();
+    let req = a.poll_transmit().unwrap().mad;
+    assert_eq!(&req[20..24], &[0x80, 0, 0, 1]);
+    assert_eq!(&req[24 + 4..24 + 8], &[0, 0, 0x02, 0xc9]);
+    // The resent REQ is the same REQ.
+    let t1 = t0 + Duration::from_millis(REQ_TIMEOUT_MS);
+    a.handle_timeout(t1);
+    assert_eq!(a.poll_transmit().unwrap().mad, req);
+
+    b.handle_mad(t1, GID_A, &req);
+    let Some(Event::ConnectRequest {
+        id: bid,
+        req: r,
+        ece_attr_mod,
+        ..
+    }) = b.poll_event()
+    else {
+        panic!("no ConnectRequest")
+    };
+    assert_eq!((r.vendor_id, ece_attr_mod), (0x02c9, 0x8000_0001));
+    let accept = AcceptParams {
+        ece_vendor_id: 0x00ab_cdef,
+        ece_attr_mod: 0x8000_0000,
+        ..accept_params()
+    };
+    b.accept(t1, bid, &accept).unwrap();
+    let rep = b.poll_transmit().unwrap().mad;
+    assert_eq!(&rep[20..24], &[0x80, 0, 0, 0]);
+    assert_eq!(
+        (rep[24 + 15], rep[24 + 19], rep[24 + 23]),
+        (0xab, 0xcd, 0xef)
+    );
+    a.handle_mad(t1, GID_B, &rep);
+    let Some(Event::ConnectReply {
+        id: e,
+        rep: r,
+        ece_attr_mod,
+    }) = a.poll_event()
+    else {
+        panic!("no ConnectReply")
+    };
+    assert_eq!(
+        (e, r.vendor_id, ece_attr_mod),
+        (id, 0x00ab_cdef, 0x8000_0000)
+    );
+
+    // RTU, DREQ and DREP carry none.
+    a.ready_to_use(id, &[]).unwrap();
+    let rtu = a.poll_transmit().unwrap().mad;
+    b.handle_mad(t1, GID_A, &rtu);
+    a.disconnect(t1, id, &[]).unwrap();
+    let dreq = a.poll_transmit().unwrap().mad;
+    b.handle_mad(t1, GID_A, &dreq);
+    let drep = b.poll_transmit().unwrap().mad;
+    for (name, mad) in [("RTU", rtu), ("DREQ", dreq), ("DREP", drep)] {
+        assert_eq!(CmMad::parse(&mad).unwrap().attribute_modifier, 0, "{name}");
+    }
+}
+
+#[test]
+fn refusing_ece_is_a_reject_vendor_option_not_supported() {
+    // rdma_reject with IB_CM_REJ_VENDOR_OPTION_NOT_SUPPORTED (the one
+    // reason besides CONSUMER_DEFINED that ucma_reject lets through):
+    // ib_send_cm_rej with reason 35; the REJ's attribute modifier is 0.
+    let mut n = Net::new(|_, _, _| false);
+    let params = ConnectParams {
+        ece_vendor_id: 0x02c9,
+        ece_attr_mod: 1,
+        ..connect_params(0xa1a)
+    };
+    let id = n.a.connect(n.now, &params).unwrap();
+    // B's consumer refuses the options by hand.
+    let req = n.a.poll_transmit().unwrap().mad;
+    n.b.handle_mad(n.now, GID_A, &req);
+    let Some(Event::ConnectRequest {
+        id: bid,
+        ece_attr_mod: 1,
+        ..
+    }) = n.b.poll_event()
+    else {
+        panic!("no ConnectRequest with ECE")
+    };
+    n.b.reject(
+        n.now,
+        bid,
+        RejectReason::VENDOR_OPTION_NOT_SUPPORTED,
+        b"no ece",
+    )
+    .unwrap();
+    let rej = n.b.poll_transmit().unwrap().mad;
+    let m = CmMad::parse(&rej).unwrap();
+    assert_eq!(m.attribute_modifier, 0);
+    let CmMessage::Rej(r) = &m.message else {
+        panic!("{m:?}")
+    };
+    assert_eq!((r.reason.0, r.message_rejected), (35, MessageResponse::Req));
+    n.a.handle_mad(n.now, GID_B, &rej);
+    let Some(Event::Rejected {
+        id: e,
+        reason,
+        private_data,
+        ..
+    }) = n.a.poll_event()
+    else {
+        panic!("no Rejected")
+    };
+    assert_eq!(
+        (reason, &private_data[..6]),
+        (RejectReason::VENDOR_OPTION_NOT_SUPPORTED, &b"no ece"[..])
+    );
+    assert_eq!(e, id);
+    assert_eq!(n.a.state(id), None);
 }
