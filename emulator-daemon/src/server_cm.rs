@@ -214,7 +214,7 @@ impl Server {
         wire::icrc::write(&info, &mut buf);
         let _ = dev.socks[0].send_to(&buf, SocketAddr::new(to, wire::ROCEV2_UDP_PORT));
         dev.stats.cm_sent += 1;
-        self.trace_daemon_packet(d, 's', &info, &buf);
+        self.trace_daemon_packet(d, 't', &info, &buf);
     }
 
     /// A datagram on the device's own slot: a CM MAD for QP1 is the
@@ -259,8 +259,11 @@ impl Server {
         };
         if let Some(c) = self.clients.get_mut(&cli) {
             if c.out.len() < super::MAX_OUT {
+                let ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
                 let line = format!(
-                    "P 0 {dir} {} {} {} {} {}\n",
+                    "P 0 {ns} {dir} {} {} {} {} {}\n",
                     info.src,
                     info.src_port,
                     info.dst,

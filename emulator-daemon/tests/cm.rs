@@ -127,6 +127,27 @@ fn resolve(p: &Proc, id: u64, dst: &str, port: u16) {
 #[test]
 fn two_processes_connect_exchange_private_data_and_disconnect_over_qp1() {
     let d = Daemon::start("rc", &["rxe0=127.0.23.1"]);
+    // A tracer sees the CM MADs in words and writes them to a pcap.
+    let pcap_path = d.path.with_file_name("cm.pcap");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let tracer = {
+        let (sock, pcap_path) = (d.path.clone(), pcap_path.clone());
+        std::thread::spawn(move || {
+            let f = std::fs::File::create(&pcap_path).unwrap();
+            let w = wire::pcap::PcapWriter::new(f).unwrap();
+            let mut out = Vec::new();
+            let opts = emulator_daemon::trace::TraceOptions {
+                explain: true,
+                count: Some(5),
+            };
+            emulator_daemon::trace::run(&sock, "rxe0", &opts, Some(w), &mut out, || {
+                ready_tx.send(()).unwrap()
+            })
+            .unwrap();
+            String::from_utf8(out).unwrap()
+        })
+    };
+    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
     let server = Proc::new(&d);
     let client = Proc::new(&d);
     let l = server.id(0x106);
@@ -162,6 +183,20 @@ fn two_processes_connect_exchange_private_data_and_disconnect_over_qp1() {
     client.ok(Request::Disconnect { id: c });
     assert_eq!(client.event().event, event::DISCONNECTED);
     assert_eq!(server.event().event, event::DISCONNECTED);
+    let text = tracer.join().unwrap();
+    for want in [
+        "CM REQ (connect)",
+        "rdma_cm Tcp port 7471",
+        "private data 5 B \"hello\"",
+        "CM REP (accept)",
+        "CM RTU",
+        "CM DREQ",
+        "CM DREP",
+    ] {
+        assert!(text.contains(want), "{want:?} not in {text}");
+    }
+    let report = emulator_daemon::pcap_check::check(&std::fs::read(&pcap_path).unwrap()).unwrap();
+    assert!(report.passed(), "{}", report.render());
     let st = emulator_daemon::client::request(&d.path, "STATUS").unwrap();
     assert!(
         st.contains("cm_mads_received 5"),
