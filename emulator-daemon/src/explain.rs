@@ -44,6 +44,9 @@ fn rnr_ms(code: u8) -> f64 {
 /// AckReq (asks for an ACK)`, or `RNR NAK from qp 0x11: no receive posted;
 /// retry in 0.64 ms (timer code 12)`.
 pub fn explain(p: &PacketRepr<'_>) -> String {
+    if let Some(cm) = explain_cm(p) {
+        return cm;
+    }
     let t = transport(p.bth.opcode.transport());
     let qp = p.bth.dest_qpn;
     let psn = p.bth.psn.value();
@@ -142,6 +145,118 @@ pub fn explain(p: &PacketRepr<'_>) -> String {
     s
 }
 
+/// The rdma_cm service a service ID names, in words.
+fn service(sid: u64) -> String {
+    match wire::cma::parse_ip_service_id(sid) {
+        Some((ps, port)) => format!("rdma_cm {ps:?} port {port}"),
+        None => format!("service {sid:#018x}"),
+    }
+}
+
+/// The consumer's private data: its printable start, or its size.
+fn private(pd: &[u8]) -> String {
+    let used = pd.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    if used == 0 {
+        return String::new();
+    }
+    let text: String = pd[..used]
+        .iter()
+        .take(24)
+        .map(|&b| {
+            if (0x20..0x7f).contains(&b) {
+                b as char
+            } else {
+                '.'
+            }
+        })
+        .collect();
+    format!("; private data {used} B \"{text}\"")
+}
+
+/// A CM MAD on QP1 (the GSI) in words, or `None` for anything else.
+fn explain_cm(p: &PacketRepr<'_>) -> Option<String> {
+    use wire::cm::{CmMad, CmMessage};
+    let d = p.deth?;
+    if p.bth.dest_qpn != 1 || d.qkey != wire::deth::GSI_QKEY {
+        return None;
+    }
+    let Ok(mad) = CmMad::parse(p.payload) else {
+        return Some(format!(
+            "UD to QP1 (GSI) psn {:#08x}: a {} B MAD that is not a CM message",
+            p.bth.psn.value(),
+            p.payload.len()
+        ));
+    };
+    let words = match &mad.message {
+        CmMessage::Req(r) => {
+            let cma_pd = r.private_data.get(wire::cma::HEADER_LEN..).unwrap_or(&[]);
+            format!(
+                "CM REQ (connect) comm id {:#x}: to {} from QP {:#x}, starting psn {:#x}, path MTU {}, retry {} rnr_retry {}{}",
+                r.local_comm_id,
+                service(r.service_id),
+                r.local_qpn,
+                r.starting_psn,
+                128u32 << r.path_mtu.min(5),
+                r.retry_count,
+                r.rnr_retry_count,
+                private(cma_pd)
+            )
+        }
+        CmMessage::Rep(r) => format!(
+            "CM REP (accept) comm id {:#x} → {:#x}: the passive side's QP {:#x}, starting psn {:#x}{}",
+            r.local_comm_id,
+            r.remote_comm_id,
+            r.local_qpn,
+            r.starting_psn,
+            private(&r.private_data)
+        ),
+        CmMessage::Rtu(r) => format!(
+            "CM RTU (ready to use) comm id {:#x} → {:#x}: the active side's QP is at RTS; the connection is established",
+            r.local_comm_id, r.remote_comm_id
+        ),
+        CmMessage::Rej(r) => format!(
+            "CM REJ comm id {:#x} → {:#x}: rejected ({}, reason {}){}",
+            r.local_comm_id,
+            r.remote_comm_id,
+            r.reason,
+            r.reason.0,
+            private(&r.private_data)
+        ),
+        CmMessage::Mra(m) => format!(
+            "CM MRA comm id {:#x} → {:#x}: message received, the answer will take a while (service timeout {})",
+            m.local_comm_id, m.remote_comm_id, m.service_timeout
+        ),
+        CmMessage::Dreq(r) => format!(
+            "CM DREQ (disconnect) comm id {:#x} → {:#x}: the QPs stop; a DREP answers",
+            r.local_comm_id, r.remote_comm_id
+        ),
+        CmMessage::Drep(r) => format!(
+            "CM DREP comm id {:#x} → {:#x}: disconnect acknowledged; both sides wait out TIMEWAIT",
+            r.local_comm_id, r.remote_comm_id
+        ),
+        CmMessage::SidrReq(r) => format!(
+            "CM SIDR_REQ request {:#x}: which UD QP and Q_Key serve {}?{}",
+            r.request_id,
+            service(r.service_id),
+            private(r.private_data.get(wire::cma::HEADER_LEN..).unwrap_or(&[]))
+        ),
+        CmMessage::SidrRep(r) if r.status == wire::cm::sidr_rep::SidrStatus::SUCCESS => format!(
+            "CM SIDR_REP request {:#x}: {} is served by QP {:#x} with Q_Key {:#x}",
+            r.request_id,
+            service(r.service_id),
+            r.qpn,
+            r.qkey
+        ),
+        CmMessage::SidrRep(r) => format!(
+            "CM SIDR_REP request {:#x}: {} refused ({})",
+            r.request_id,
+            service(r.service_id),
+            r.status
+        ),
+    };
+    Some(words)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +307,16 @@ mod tests {
         assert!(e.contains("COMPARE_SWAP") && e.contains("make them"), "{e}");
         let e = find("rc_atomic_cswap.pcap", |p| p.atomic_ack.is_some());
         assert!(e.contains("atomic ACK"), "{e}");
+        // The CM MADs of a kernel rping connection, in words.
+        let e = find("rdmacm_rping.pcap", |p| p.payload.get(17) == Some(&0x10));
+        assert!(
+            e.starts_with("CM REQ (connect)") && e.contains("rdma_cm Tcp port 7174"),
+            "{e}"
+        );
+        let e = find("rdmacm_rping.pcap", |p| p.payload.get(17) == Some(&0x13));
+        assert!(e.starts_with("CM REP (accept)"), "{e}");
+        let e = find("rdmacm_rping.pcap", |p| p.payload.get(17) == Some(&0x15));
+        assert!(e.starts_with("CM DREQ (disconnect)"), "{e}");
         let e = find("ud_send.pcap", |p| p.deth.is_some());
         assert!(e.starts_with("UD SEND_ONLY") && e.contains("Q_Key"), "{e}");
         let e = find("rc_retransmit.pcap", |p| {

@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod client;
+pub mod cm;
 pub mod cm_client;
 pub mod cmproto;
 pub mod explain;

@@ -23,8 +23,12 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::socket::{getsockopt, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::cm::CmService;
 use crate::fdpass;
 use crate::proto::DeviceInfo;
+
+#[path = "server_cm.rs"]
+mod cm_io;
 
 /// Slots per device (the first, slot 0, is the daemon's).
 pub const DEFAULT_SLOTS: u32 = 64;
@@ -127,8 +131,12 @@ pub struct DeviceStats {
     /// client was given).
     pub no_owner: u64,
     /// Datagrams that reached the daemon's own slot: too short for a BTH,
-    /// or for QPNs below 0x10000 (QP1 and the like, not served yet).
+    /// or for QPNs below 0x10000 other than CM MADs for QP1.
     pub daemon_slot: u64,
+    /// CM MADs received on QP1 (with a good ICRC).
+    pub cm_received: u64,
+    /// CM MADs sent from QP1.
+    pub cm_sent: u64,
 }
 
 struct Device {
@@ -152,6 +160,8 @@ struct Device {
     fault: Option<String>,
     /// The `rxe-emu trace` client watching the device, and its tag.
     tracer: Option<(u64, u64)>,
+    /// PSN of QP1's last send.
+    qp1_psn: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +194,8 @@ struct Client {
     slots: Vec<(usize, usize)>,
     /// Bytes queued for it (trace output), written as it reads.
     out: Vec<u8>,
+    /// It sent `CM`: a connection-manager command connection.
+    cm: bool,
 }
 
 /// Most trace output queued for a slow reader; more is dropped.
@@ -201,6 +213,10 @@ pub struct Server {
     signals: Option<SignalFd>,
     pending: HashMap<u64, Pending>,
     next_tag: u64,
+    /// The RDMA connection manager of every device.
+    cm: CmService,
+    /// Event channels, by number.
+    chans: HashMap<u64, cm_io::Chan>,
 }
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> String {
@@ -366,6 +382,7 @@ fn new_device(existing: &[Device], spec: &DeviceSpec, slots: u32) -> Result<Devi
         stats: DeviceStats::default(),
         fault: None,
         tracer: None,
+        qp1_psn: 0,
     })
 }
 
@@ -403,8 +420,11 @@ impl Server {
         let _ = lock.set_len(0);
         let _ = write!(lock, "{}", std::process::id());
         let mut devices = Vec::new();
+        let mut cm = CmService::default();
         for spec in &cfg.devices {
-            devices.push(new_device(&devices, spec, cfg.slots)?);
+            let d = new_device(&devices, spec, cfg.slots)?;
+            cm.add_device(&spec.name, d.addr, d.netdev_mtu);
+            devices.push(d);
         }
         // We hold the lock: a socket file left there is stale.
         let _ = std::fs::remove_file(&cfg.socket_path);
@@ -439,6 +459,8 @@ impl Server {
             signals,
             pending: HashMap::new(),
             next_tag: 1,
+            cm,
+            chans: HashMap::new(),
         })
     }
 
@@ -491,7 +513,17 @@ impl Server {
                         PollFlags::POLLIN,
                     ));
                 }
-                match poll(&mut fds, PollTimeout::from(100u16)) {
+                // At most 100 ms; sooner for a CM deadline, and 5 ms
+                // while events wait for room in a channel.
+                let mut wait = std::time::Duration::from_millis(100);
+                if let Some(t) = self.cm.poll_timeout() {
+                    wait = wait.min(t.saturating_duration_since(std::time::Instant::now()));
+                }
+                if self.cm_backlog() {
+                    wait = wait.min(std::time::Duration::from_millis(5));
+                }
+                let ms = u16::try_from(wait.as_millis()).unwrap_or(100);
+                match poll(&mut fds, PollTimeout::from(ms)) {
                     Ok(_) => {}
                     Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => return Err(io_err("poll", e)),
@@ -556,6 +588,7 @@ impl Server {
             for t in expired {
                 self.finish(t);
             }
+            self.cm_tick();
         }
         let _ = std::fs::remove_file(&self.cfg.socket_path);
         Ok(())
@@ -563,13 +596,15 @@ impl Server {
 
     /// Read and count every datagram waiting on a slot nobody owns.
     fn drain(&mut self, d: usize, s: usize, buf: &mut [u8]) {
+        if s == 0 {
+            while let Ok((n, src)) = self.devices[d].socks[0].recv_from(buf) {
+                self.on_daemon_datagram(d, src, &buf[..n]);
+            }
+            return;
+        }
         let dev = &mut self.devices[d];
         while let Ok(_n) = dev.socks[s].recv(buf) {
-            if s == 0 {
-                dev.stats.daemon_slot += 1;
-            } else {
-                dev.stats.no_owner += 1;
-            }
+            dev.stats.no_owner += 1;
         }
     }
 
@@ -611,6 +646,7 @@ impl Server {
                     buf: Vec::new(),
                     slots: Vec::new(),
                     out: Vec::new(),
+                    cm: false,
                 },
             );
         }
@@ -670,6 +706,16 @@ impl Server {
             };
             let line: Vec<u8> = c.buf.drain(..=nl).collect();
             let line = String::from_utf8_lossy(&line).trim().to_string();
+            if self.clients.get(&id).is_some_and(|c| c.cm) {
+                self.serve_cm(id, &line);
+                continue;
+            }
+            if line == "CM" {
+                let c = self.clients.get_mut(&id).expect("client exists");
+                c.cm = true;
+                let _ = c.stream.write_all(b"OK\n");
+                continue;
+            }
             if let Some(reply) = line.strip_prefix("R ") {
                 self.reply(id, reply);
                 continue;
@@ -1060,6 +1106,9 @@ impl Server {
         let Some(c) = self.clients.remove(&id) else {
             return;
         };
+        if c.cm {
+            self.release_cm(id);
+        }
         // Queries waiting for it finish without it.
         let tags: Vec<u64> = self
             .pending
@@ -1104,6 +1153,7 @@ impl Server {
     fn link_add(&mut self, spec: &str) -> Result<String, String> {
         let spec: DeviceSpec = spec.parse()?;
         let dev = new_device(&self.devices, &spec, self.cfg.slots)?;
+        self.cm.add_device(&spec.name, dev.addr, dev.netdev_mtu);
         self.devices.push(dev);
         let line = self.link_line(self.devices.len() - 1);
         eprintln!("rxe-emud: added {line}");
@@ -1142,6 +1192,8 @@ impl Server {
             self.release(*u);
         }
         self.devices.remove(d);
+        self.cm.remove_device(name);
+        self.flush_cm();
         for c in self.clients.values_mut() {
             for (dd, _) in c.slots.iter_mut() {
                 if *dd > d {
@@ -1205,7 +1257,7 @@ impl Server {
         for dev in &self.devices {
             let used = dev.owner.iter().filter(|o| o.is_some()).count();
             out += &format!(
-                "device {} addr {} netdev_mtu {} slots {}/{} dropped_no_owner {} dropped_daemon_slot {} netdev {}\n",
+                "device {} addr {} netdev_mtu {} slots {}/{} dropped_no_owner {} dropped_daemon_slot {} cm_mads_received {} cm_mads_sent {} netdev {}\n",
                 dev.spec.name,
                 dev.addr,
                 dev.netdev_mtu,
@@ -1213,6 +1265,8 @@ impl Server {
                 dev.socks.len() - 1,
                 dev.stats.no_owner,
                 dev.stats.daemon_slot,
+                dev.stats.cm_received,
+                dev.stats.cm_sent,
                 dev.netdev.as_deref().unwrap_or("-")
             );
             for (s, o) in dev.owner.iter().enumerate() {

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use wire::cm::{
     self, pad_private_data, CmMad, CmMessage, DrepRepr, DreqRepr, MessageResponse, MraRepr,
-    PathRepr, RejRepr, RejectReason, RepRepr, ReqRepr, RtuRepr,
+    PathRepr, RejRepr, RejectReason, RepRepr, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr,
+    SidrStatus,
 };
 use wire::mad::MAD_LEN;
 
@@ -49,6 +50,11 @@ pub enum State {
     DreqRcvd,
     /// Disconnected; the comm ID is kept so late messages are recognised.
     Timewait,
+    /// Active SIDR: SIDR_REQ sent, waiting for the SIDR_REP.
+    SidrReqSent,
+    /// Passive SIDR: SIDR_REQ received, the consumer answers with
+    /// [`Endpoint::sidr_reply`].
+    SidrReqRcvd,
 }
 
 /// Which of our messages went unanswered.
@@ -60,28 +66,39 @@ pub enum SentMessage {
     Rep,
     /// Our DREQ (kernel `IB_CM_DREQ_ERROR`).
     Dreq,
+    /// Our SIDR_REQ (kernel `IB_CM_SIDR_REQ_ERROR`).
+    SidrReq,
 }
 
 /// What the endpoint reports to its consumer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A REQ for a listened service ID (kernel `IB_CM_REQ_RECEIVED`):
-    /// answer with [`Endpoint::accept`] or [`Endpoint::reject`].
+    /// answer with [`Endpoint::accept`] or [`Endpoint::reject`] (an
+    /// unwanted ECE option: [`RejectReason::VENDOR_OPTION_NOT_SUPPORTED`]).
     ConnectRequest {
         /// The new passive connection.
         id: ConnId,
         /// The GID the REQ came from (where answers go).
         remote_gid: Gid,
-        /// The whole REQ: QPN, PSN, paths, private data.
+        /// The whole REQ: QPN, PSN, paths, private data, ECE vendor ID
+        /// (`req.vendor_id`).
         req: Box<ReqRepr>,
+        /// The REQ's ECE options: its MAD header's attribute modifier
+        /// (kernel `cm_format_req_event`: `ece.attr_mod`).
+        ece_attr_mod: u32,
     },
     /// A REP for our REQ (kernel `IB_CM_REP_RECEIVED`): bring the QP to
     /// RTR/RTS, then call [`Endpoint::ready_to_use`].
     ConnectReply {
         /// The active connection.
         id: ConnId,
-        /// The whole REP: QPN, PSN, private data.
+        /// The whole REP: QPN, PSN, private data, ECE vendor ID
+        /// (`rep.vendor_id`).
         rep: Box<RepRepr>,
+        /// The REP's ECE options: its MAD header's attribute modifier
+        /// (kernel `cm_format_rep_event`: `ece.attr_mod`).
+        ece_attr_mod: u32,
     },
     /// The connection is established: on the passive side an RTU arrived
     /// (kernel `IB_CM_RTU_RECEIVED`) or [`Endpoint::notify_established`]
@@ -104,9 +121,10 @@ pub enum Event {
         /// The REJ's private data.
         private_data: Box<[u8; cm::rej::PRIVATE_DATA_LEN]>,
     },
-    /// Our REQ or REP went unanswered through every retry (kernel
-    /// `IB_CM_REQ_ERROR`/`IB_CM_REP_ERROR`, rdma_cm
-    /// `RDMA_CM_EVENT_UNREACHABLE` with -ETIMEDOUT). The connection is gone.
+    /// Our REQ, REP or SIDR_REQ went unanswered through every retry
+    /// (kernel `IB_CM_REQ_ERROR`/`IB_CM_REP_ERROR`/`IB_CM_SIDR_REQ_ERROR`,
+    /// rdma_cm `RDMA_CM_EVENT_UNREACHABLE` with -ETIMEDOUT). The
+    /// connection (or SIDR request) is gone.
     Unreachable {
         /// The connection.
         id: ConnId,
@@ -127,6 +145,38 @@ pub enum Event {
     TimewaitExit {
         /// The connection.
         id: ConnId,
+    },
+    /// A SIDR_REQ for a listened service ID (kernel
+    /// `IB_CM_SIDR_REQ_RECEIVED`): answer with [`Endpoint::sidr_reply`]
+    /// (or [`Endpoint::destroy`], which answers status REJECT). Until
+    /// then, copies of this SIDR_REQ (same request ID from the same GID)
+    /// are dropped.
+    SidrRequest {
+        /// The passive SIDR id.
+        id: ConnId,
+        /// The GID the SIDR_REQ came from (where the SIDR_REP goes).
+        remote_gid: Gid,
+        /// The whole SIDR_REQ: service ID, P_Key, private data.
+        req: Box<SidrReqRepr>,
+    },
+    /// The SIDR_REP for our SIDR_REQ (kernel `IB_CM_SIDR_REP_RECEIVED`).
+    /// The SIDR id is gone. rdma_cm (`cma_sidr_rep_handler`) reports
+    /// status 0 as `RDMA_CM_EVENT_ESTABLISHED` with `qpn` and `qkey`, and
+    /// any other status as `RDMA_CM_EVENT_UNREACHABLE` with the status.
+    SidrReply {
+        /// The active SIDR id.
+        id: ConnId,
+        /// Status ([`SidrStatus::SUCCESS`] when `qpn`/`qkey` are valid).
+        status: SidrStatus,
+        /// The QPN serving the service ID.
+        qpn: u32,
+        /// The Q_Key to send to it with.
+        qkey: u32,
+        /// Additional information (its length's worth of bytes; e.g. a
+        /// ClassPortInfo for REDIRECT).
+        info: Vec<u8>,
+        /// The SIDR_REP's private data.
+        private_data: Box<[u8; cm::sidr_rep::PRIVATE_DATA_LEN]>,
     },
 }
 
@@ -166,6 +216,13 @@ pub enum CmError {
     ServiceIdInUse(u64),
     /// Nobody listens on this service ID.
     NotListening(u64),
+    /// More additional information than a SIDR_REP holds.
+    AdditionalInfoTooLong {
+        /// Bytes given.
+        len: usize,
+        /// Bytes the message holds (72).
+        max: usize,
+    },
 }
 
 impl core::fmt::Display for CmError {
@@ -190,6 +247,10 @@ impl core::fmt::Display for CmError {
                 write!(f, "service ID {s:#018x} already has a listener")
             }
             CmError::NotListening(s) => write!(f, "no listener on service ID {s:#018x}"),
+            CmError::AdditionalInfoTooLong { len, max } => write!(
+                f,
+                "{len} bytes of additional information do not fit: a SIDR_REP holds {max}"
+            ),
         }
     }
 }
@@ -250,6 +311,12 @@ pub struct ConnectParams {
     /// Consumer private data (at most 92 bytes; rdma_cm's starts with its
     /// `cma_hdr`).
     pub private_data: Vec<u8>,
+    /// Enhanced Connection Establishment vendor ID, the REQ's 24-bit
+    /// VendorID (kernel `ib_cm_req_param.ece.vendor_id`; 0 without ECE).
+    pub ece_vendor_id: u32,
+    /// ECE options, sent as the REQ's MAD attribute modifier (kernel
+    /// `cm_format_mad_ece_hdr` with `ece.attr_mod`; 0 without ECE).
+    pub ece_attr_mod: u32,
 }
 
 /// What [`Endpoint::accept`] puts into the REP (kernel `struct
@@ -274,9 +341,59 @@ pub struct AcceptParams {
     pub srq: bool,
     /// Private data (at most 196 bytes).
     pub private_data: Vec<u8>,
+    /// ECE vendor ID, the REP's 24-bit VendorID (kernel
+    /// `ib_cm_rep_param.ece.vendor_id`; 0 without ECE).
+    pub ece_vendor_id: u32,
+    /// ECE options, sent as the REP's MAD attribute modifier (kernel
+    /// `cm_format_rep`; 0 without ECE).
+    pub ece_attr_mod: u32,
 }
 
-/// An outstanding REQ, REP or DREQ, resent until answered (kernel
+/// What [`Endpoint::sidr_request`] puts into the SIDR_REQ, and how it is
+/// resent (kernel `struct ib_cm_sidr_req_param`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidrParams {
+    /// Service ID to resolve ([`wire::cma::ip_service_id`] with the UDP
+    /// port space for rdma_cm).
+    pub service_id: u64,
+    /// Partition key of the path.
+    pub pkey: u16,
+    /// Where the SIDR_REQ goes.
+    pub remote_gid: Gid,
+    /// How long to wait for the SIDR_REP before resending (kernel
+    /// `timeout_ms`; rdma_cm `cma_resolve_ib_udp` uses
+    /// `1 << (CMA_CM_RESPONSE_TIMEOUT - 8)` ms, 4096 ms).
+    pub timeout: Duration,
+    /// How many times to resend (kernel `max_cm_retries`; rdma_cm: 15).
+    pub max_cm_retries: u8,
+    /// Private data (at most 216 bytes; rdma_cm's starts with its
+    /// `cma_hdr`).
+    pub private_data: Vec<u8>,
+}
+
+/// What [`Endpoint::sidr_reply_with`] puts into the SIDR_REP (kernel
+/// `struct ib_cm_sidr_rep_param`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidrReplyParams {
+    /// Status.
+    pub status: SidrStatus,
+    /// The QPN serving the service ID.
+    pub qpn: u32,
+    /// Its Q_Key.
+    pub qkey: u32,
+    /// Additional information (at most 72 bytes).
+    pub info: Vec<u8>,
+    /// Private data (at most 136 bytes).
+    pub private_data: Vec<u8>,
+    /// ECE vendor ID. Kernel `cm_format_sidr_rep` sends only bits 15-0
+    /// (it writes `(vendor_id >> 8) & 0xff` into the 16-bit high field),
+    /// and so does this endpoint.
+    pub ece_vendor_id: u32,
+    /// ECE options, sent as the MAD header's attribute modifier.
+    pub ece_attr_mod: u32,
+}
+
+/// An outstanding REQ, REP, DREQ or SIDR_REQ, resent until answered (kernel
 /// `cm_id_priv->msg` in the MAD layer's send list).
 #[derive(Clone, Debug)]
 struct Outstanding {
@@ -314,11 +431,31 @@ struct Conn {
     destroyed: bool,
 }
 
+/// A SIDR request, active or passive (kernel: a `cm_id` in
+/// `IB_CM_SIDR_REQ_SENT` or `IB_CM_SIDR_REQ_RCVD`). It has no TIMEWAIT:
+/// it is gone once answered, timed out or destroyed.
+#[derive(Clone, Debug)]
+struct Sidr {
+    state: State,
+    remote_gid: Gid,
+    /// The request ID on the wire: ours when active, the requester's when
+    /// passive (kernel `cm_id.remote_id`, with the source address the key
+    /// of `cm.remote_sidr_table`).
+    request_id: u32,
+    service_id: u64,
+    tid: u64,
+    /// Active: the SIDR_REQ, resent until the SIDR_REP.
+    outstanding: Option<Outstanding>,
+}
+
 /// The Communication Manager of one port. See the crate documentation.
 #[derive(Debug)]
 pub struct Endpoint {
     config: Config,
     conns: BTreeMap<u32, Conn>,
+    /// SIDR requests by local ID (allocated from the same space as
+    /// connections' comm IDs, as the kernel's `cm_id`s are).
+    sidrs: BTreeMap<u32, Sidr>,
     listeners: BTreeSet<u64>,
     next_id: u32,
     transmits: VecDeque<Transmit>,
@@ -336,6 +473,7 @@ impl Endpoint {
         Endpoint {
             config,
             conns: BTreeMap::new(),
+            sidrs: BTreeMap::new(),
             listeners: BTreeSet::new(),
             next_id: 0,
             transmits: VecDeque::new(),
@@ -344,14 +482,19 @@ impl Endpoint {
         }
     }
 
-    /// The state of a connection (`None` once it is back to IDLE).
+    /// The state of a connection or SIDR request (`None` once it is back
+    /// to IDLE).
     pub fn state(&self, id: ConnId) -> Option<State> {
-        self.conns.get(&id.0).map(|c| c.state)
+        self.conns
+            .get(&id.0)
+            .map(|c| c.state)
+            .or_else(|| self.sidrs.get(&id.0).map(|s| s.state))
     }
 
-    /// Connections not yet back to IDLE (TIMEWAIT included).
+    /// Connections not yet back to IDLE (TIMEWAIT included), and SIDR
+    /// requests not yet answered.
     pub fn connection_count(&self) -> usize {
-        self.conns.len()
+        self.conns.len() + self.sidrs.len()
     }
 
     /// MADs dropped so far: unparsable, unmatched or duplicate without an
@@ -360,7 +503,8 @@ impl Endpoint {
         self.dropped
     }
 
-    /// Accept REQs for `service_id` (kernel `ib_cm_listen`, exact match).
+    /// Accept REQs and SIDR_REQs for `service_id` (kernel `ib_cm_listen`,
+    /// exact match).
     pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
         if !self.listeners.insert(service_id) {
             return Err(CmError::ServiceIdInUse(service_id));
@@ -388,11 +532,15 @@ impl Endpoint {
 
     /// The earliest deadline: a retransmission or the end of a TIMEWAIT.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns
+        let conns = self
+            .conns
             .values()
-            .flat_map(|c| [c.outstanding.as_ref().map(|o| o.deadline), c.timewait_until])
-            .flatten()
-            .min()
+            .flat_map(|c| [c.outstanding.as_ref().map(|o| o.deadline), c.timewait_until]);
+        let sidrs = self
+            .sidrs
+            .values()
+            .map(|s| s.outstanding.as_ref().map(|o| o.deadline));
+        conns.chain(sidrs).flatten().min()
     }
 
     /// A fresh local comm ID (kernel `cm_alloc_id_priv`: a cyclic counter
@@ -401,7 +549,7 @@ impl Endpoint {
         loop {
             self.next_id = self.next_id.wrapping_add(1);
             let id = self.next_id ^ self.config.comm_id_operand;
-            if id != 0 && !self.conns.contains_key(&id) {
+            if id != 0 && !self.conns.contains_key(&id) && !self.sidrs.contains_key(&id) {
                 return id;
             }
         }
@@ -466,6 +614,8 @@ impl Endpoint {
     /// REQ_SENT, and the REQ is resent every 2 × packet life time + remote
     /// CM response timeout (`cm_convert_to_ms` each) until a REP, REJ or
     /// MRA, at most `max_cm_retries` times, then [`Event::Unreachable`].
+    /// ECE goes as kernel `cm_format_req` sends it: the vendor ID in the
+    /// REQ, the options in the MAD header's attribute modifier.
     pub fn connect(&mut self, now: Instant, params: &ConnectParams) -> Result<ConnId, CmError> {
         let private_data = pad_private_data(&params.private_data)
             .map_err(|_| too_long(params.private_data.len(), cm::req::PRIVATE_DATA_LEN))?;
@@ -477,7 +627,7 @@ impl Endpoint {
         };
         let req = ReqRepr {
             local_comm_id: local_id,
-            vendor_id: 0,
+            vendor_id: params.ece_vendor_id & 0x00ff_ffff,
             service_id: params.service_id,
             local_ca_guid: self.config.local_ca_guid,
             local_qkey: 0,
@@ -530,17 +680,127 @@ impl Endpoint {
         );
         let mad = CmMad {
             transaction_id: tid,
-            attribute_modifier: 0,
+            attribute_modifier: params.ece_attr_mod,
             message: CmMessage::Req(req),
         };
         self.send_outstanding(now, local_id, SentMessage::Req, mad.to_bytes());
         Ok(ConnId(local_id))
     }
 
+    /// Send a SIDR_REQ (kernel `ib_send_cm_sidr_req`): the id enters
+    /// SIDR_REQ_SENT, and the SIDR_REQ is resent every `params.timeout`,
+    /// at most `params.max_cm_retries` times, until a SIDR_REP
+    /// ([`Event::SidrReply`]); then [`Event::Unreachable`] with
+    /// [`SentMessage::SidrReq`]. The request ID is the id's comm ID, the
+    /// TID formed from it as for a REQ, and the MAD header's attribute
+    /// modifier is 0 (kernel `cm_format_sidr_req` carries no ECE).
+    pub fn sidr_request(&mut self, now: Instant, params: &SidrParams) -> Result<ConnId, CmError> {
+        let private_data = pad_private_data(&params.private_data)
+            .map_err(|_| too_long(params.private_data.len(), cm::sidr_req::PRIVATE_DATA_LEN))?;
+        let local_id = self.alloc_id();
+        let tid = self.form_tid(local_id);
+        let mad = CmMad {
+            transaction_id: tid,
+            attribute_modifier: 0,
+            message: CmMessage::SidrReq(SidrReqRepr {
+                request_id: local_id,
+                pkey: params.pkey,
+                service_id: params.service_id,
+                private_data,
+            }),
+        }
+        .to_bytes();
+        self.sidrs.insert(
+            local_id,
+            Sidr {
+                state: State::SidrReqSent,
+                remote_gid: params.remote_gid,
+                request_id: local_id,
+                service_id: params.service_id,
+                tid,
+                outstanding: Some(Outstanding {
+                    what: SentMessage::SidrReq,
+                    mad,
+                    timeout: params.timeout,
+                    retries_left: params.max_cm_retries,
+                    deadline: now + params.timeout,
+                }),
+            },
+        );
+        self.push(params.remote_gid, mad);
+        Ok(ConnId(local_id))
+    }
+
+    /// Answer a SIDR_REQ ([`Event::SidrRequest`]) with a SIDR_REP of
+    /// `status`, `qpn` and `qkey` (kernel `ib_send_cm_sidr_rep`; rdma_cm's
+    /// `rdma_accept` sends [`SidrStatus::SUCCESS`], `rdma_reject`
+    /// [`SidrStatus::REJECT`]). The SIDR id is gone afterwards.
+    pub fn sidr_reply(
+        &mut self,
+        id: ConnId,
+        status: SidrStatus,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        self.sidr_reply_with(
+            id,
+            &SidrReplyParams {
+                status,
+                qpn,
+                qkey,
+                info: Vec::new(),
+                private_data: private_data.to_vec(),
+                ece_vendor_id: 0,
+                ece_attr_mod: 0,
+            },
+        )
+    }
+
+    /// [`sidr_reply`](Self::sidr_reply) with every field of the SIDR_REP:
+    /// additional information and ECE (kernel `cm_format_sidr_rep`).
+    pub fn sidr_reply_with(&mut self, id: ConnId, params: &SidrReplyParams) -> Result<(), CmError> {
+        let private_data = pad_private_data(&params.private_data)
+            .map_err(|_| too_long(params.private_data.len(), cm::sidr_rep::PRIVATE_DATA_LEN))?;
+        let info = pad_private_data(&params.info).map_err(|_| CmError::AdditionalInfoTooLong {
+            len: params.info.len(),
+            max: cm::sidr_rep::INFO_LEN,
+        })?;
+        let state = self.state(id).ok_or(CmError::UnknownId(id))?;
+        if state != State::SidrReqRcvd {
+            return Err(CmError::InvalidState {
+                id,
+                state,
+                call: "sidr_reply",
+            });
+        }
+        let Some(s) = self.sidrs.remove(&id.0) else {
+            return Err(CmError::UnknownId(id));
+        };
+        let mad = sidr_rep_mad(
+            s.tid,
+            params.ece_attr_mod,
+            SidrRepRepr {
+                request_id: s.request_id,
+                status: params.status,
+                info_length: params.info.len() as u8,
+                vendor_id: params.ece_vendor_id & 0xffff,
+                qpn: params.qpn & 0x00ff_ffff,
+                service_id: s.service_id,
+                qkey: params.qkey,
+                info,
+                private_data,
+            },
+        );
+        self.push(s.remote_gid, mad);
+        Ok(())
+    }
+
     /// Answer a REQ with a REP (kernel `ib_send_cm_rep`): REP_SENT, the
     /// REP resent every `cm_convert_to_ms(REQ local CM response timeout)`
     /// at most the REQ's max CM retries times, until RTU (or
-    /// [`notify_established`](Self::notify_established)).
+    /// [`notify_established`](Self::notify_established)). ECE goes as in
+    /// [`connect`](Self::connect) (kernel `cm_format_rep`).
     pub fn accept(
         &mut self,
         now: Instant,
@@ -565,7 +825,7 @@ impl Endpoint {
             local_qkey: 0,
             local_qpn: params.qpn & 0x00ff_ffff,
             local_eecn: 0,
-            vendor_id: 0,
+            vendor_id: params.ece_vendor_id & 0x00ff_ffff,
             starting_psn: params.starting_psn & 0x00ff_ffff,
             responder_resources: params.responder_resources,
             initiator_depth: params.initiator_depth,
@@ -582,7 +842,7 @@ impl Endpoint {
         c.mra = None;
         let mad = CmMad {
             transaction_id: c.tid,
-            attribute_modifier: 0,
+            attribute_modifier: params.ece_attr_mod,
             message: CmMessage::Rep(rep),
         };
         self.send_outstanding(now, id.0, SentMessage::Rep, mad.to_bytes());
@@ -670,7 +930,11 @@ impl Endpoint {
 
     /// Reject (kernel `ib_send_cm_rej`): before RTU, on either side. From
     /// REP_SENT/MRA_REP_RCVD the connection enters TIMEWAIT, otherwise it
-    /// returns to IDLE (and the id becomes invalid).
+    /// returns to IDLE (and the id becomes invalid). Refusing the peer's
+    /// ECE options is a reject with reason
+    /// [`RejectReason::VENDOR_OPTION_NOT_SUPPORTED`], as rdma_cm's
+    /// `rdma_reject` sends it; the REJ itself carries no ECE (kernel
+    /// `cm_format_rej` leaves the attribute modifier 0).
     pub fn reject(
         &mut self,
         now: Instant,
@@ -809,7 +1073,32 @@ impl Endpoint {
     /// (rdmacm_req_to_host.pcap shows it); other states before RTU → REJ
     /// CONSUMER_DEFINED; ESTABLISHED → DREQ (then TIMEWAIT); DREQ_SENT →
     /// TIMEWAIT at once. The comm ID is kept until TIMEWAIT ends.
+    ///
+    /// A SIDR id is forgotten at once: in SIDR_REQ_SENT the SIDR_REQ is no
+    /// longer resent; in SIDR_REQ_RCVD the requester is answered with
+    /// status REJECT (kernel `cm_reject_sidr_req`).
     pub fn destroy(&mut self, now: Instant, id: ConnId) -> Result<(), CmError> {
+        if let Some(s) = self.sidrs.remove(&id.0) {
+            if s.state == State::SidrReqRcvd {
+                let mad = sidr_rep_mad(
+                    s.tid,
+                    0,
+                    SidrRepRepr {
+                        request_id: s.request_id,
+                        status: SidrStatus::REJECT,
+                        info_length: 0,
+                        vendor_id: 0,
+                        qpn: 0,
+                        service_id: s.service_id,
+                        qkey: 0,
+                        info: [0; cm::sidr_rep::INFO_LEN],
+                        private_data: [0; cm::sidr_rep::PRIVATE_DATA_LEN],
+                    },
+                );
+                self.push(s.remote_gid, mad);
+            }
+            return Ok(());
+        }
         let state = self.conn_mut(id)?.state;
         let no_pd = [0; cm::rej::PRIVATE_DATA_LEN];
         match state {
@@ -834,7 +1123,7 @@ impl Endpoint {
             }
             State::Established => self.disconnect(now, id, &[])?,
             State::DreqSent => self.enter_timewait(now, id.0),
-            State::DreqRcvd | State::Timewait => {}
+            State::DreqRcvd | State::Timewait | State::SidrReqSent | State::SidrReqRcvd => {}
         }
         if let Some(c) = self.conns.get_mut(&id.0) {
             c.destroyed = true;
@@ -845,6 +1134,7 @@ impl Endpoint {
     /// Fire every timer due at `now`: retransmissions, retries running
     /// out (kernel `cm_process_send_error`), TIMEWAIT ends.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.handle_sidr_timeout(now);
         let due: Vec<u32> = self
             .conns
             .iter()
@@ -877,7 +1167,7 @@ impl Endpoint {
             let what = o.what;
             c.outstanding = None;
             match what {
-                SentMessage::Req | SentMessage::Rep => {
+                SentMessage::Req | SentMessage::Rep | SentMessage::SidrReq => {
                     self.event(local_id, Event::Unreachable { id, message: what });
                     self.conns.remove(&local_id);
                 }
@@ -895,6 +1185,38 @@ impl Endpoint {
         }
     }
 
+    /// The SIDR half of [`handle_timeout`](Self::handle_timeout): resend
+    /// each due SIDR_REQ, or give up on it (kernel
+    /// `cm_process_send_error` in `IB_CM_SIDR_REQ_SENT`).
+    fn handle_sidr_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .sidrs
+            .iter()
+            .filter(|(_, s)| s.outstanding.as_ref().is_some_and(|o| o.deadline <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for local_id in due {
+            let Some(s) = self.sidrs.get_mut(&local_id) else {
+                continue;
+            };
+            let Some(o) = s.outstanding.as_mut() else {
+                continue;
+            };
+            if o.retries_left > 0 {
+                o.retries_left -= 1;
+                o.deadline = now + o.timeout;
+                let (dst, mad) = (s.remote_gid, o.mad);
+                self.push(dst, mad);
+                continue;
+            }
+            self.sidrs.remove(&local_id);
+            self.events.push_back(Event::Unreachable {
+                id: ConnId(local_id),
+                message: SentMessage::SidrReq,
+            });
+        }
+    }
+
     /// Take in a MAD received on QP1 from `src_gid`. Anything that is not
     /// a CM message we can match is dropped (and counted), never an error:
     /// the network cannot make the consumer's calls fail.
@@ -904,14 +1226,17 @@ impl Endpoint {
             return;
         };
         let tid = m.transaction_id;
+        let attr_mod = m.attribute_modifier;
         match m.message {
-            CmMessage::Req(req) => self.on_req(now, src_gid, tid, req),
+            CmMessage::Req(req) => self.on_req(now, src_gid, tid, attr_mod, req),
             CmMessage::Mra(mra) => self.on_mra(now, mra),
             CmMessage::Rej(rej) => self.on_rej(now, rej),
-            CmMessage::Rep(rep) => self.on_rep(src_gid, tid, rep),
+            CmMessage::Rep(rep) => self.on_rep(src_gid, tid, attr_mod, rep),
             CmMessage::Rtu(rtu) => self.on_rtu(rtu),
             CmMessage::Dreq(dreq) => self.on_dreq(now, src_gid, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(now, drep),
+            CmMessage::SidrReq(req) => self.on_sidr_req(src_gid, tid, req),
+            CmMessage::SidrRep(rep) => self.on_sidr_rep(rep),
         }
     }
 
@@ -951,7 +1276,7 @@ impl Endpoint {
     }
 
     /// Kernel `cm_req_handler`, `cm_match_req`, `cm_dup_req_handler`.
-    fn on_req(&mut self, now: Instant, src_gid: Gid, tid: u64, req: ReqRepr) {
+    fn on_req(&mut self, now: Instant, src_gid: Gid, tid: u64, attr_mod: u32, req: ReqRepr) {
         // A REQ we already have a connection for (same remote comm ID and
         // CA GUID: `cm_insert_remote_id`) is a duplicate.
         let dup = self
@@ -1056,6 +1381,7 @@ impl Endpoint {
                 id: ConnId(local_id),
                 remote_gid: src_gid,
                 req: Box::new(req),
+                ece_attr_mod: attr_mod,
             },
         );
     }
@@ -1125,7 +1451,7 @@ impl Endpoint {
             | State::ReqRcvd
             | State::MraReqSent => rej.reason == RejectReason::STALE_CONN,
             State::DreqSent | State::RepRcvd | State::MraRepSent | State::Established => true,
-            State::DreqRcvd | State::Timewait => {
+            State::DreqRcvd | State::Timewait | State::SidrReqSent | State::SidrReqRcvd => {
                 self.dropped += 1;
                 return;
             }
@@ -1145,7 +1471,7 @@ impl Endpoint {
     }
 
     /// Kernel `cm_rep_handler` and `cm_dup_rep_handler`.
-    fn on_rep(&mut self, src_gid: Gid, tid: u64, rep: RepRepr) {
+    fn on_rep(&mut self, src_gid: Gid, tid: u64, attr_mod: u32, rep: RepRepr) {
         if let Some(local_id) = self.find(rep.remote_comm_id, 0) {
             let Some(c) = self.conns.get(&local_id) else {
                 return;
@@ -1186,6 +1512,7 @@ impl Endpoint {
                 Event::ConnectReply {
                     id: ConnId(local_id),
                     rep: Box::new(rep),
+                    ece_attr_mod: attr_mod,
                 },
             );
             return;
@@ -1292,6 +1619,84 @@ impl Endpoint {
         );
     }
 
+    /// Kernel `cm_sidr_req_handler`: a copy of a SIDR_REQ still pending
+    /// (same request ID from the same GID; the kernel keys
+    /// `cm.remote_sidr_table` on the request ID and the sender's address)
+    /// is dropped; a SIDR_REQ for a service nobody listens on is answered
+    /// at once with status UNSUPPORTED; any other is the consumer's.
+    /// Once answered, a SIDR_REQ is forgotten: a later copy (the SIDR_REP
+    /// was lost) is a new request, as in the kernel.
+    fn on_sidr_req(&mut self, src_gid: Gid, tid: u64, req: SidrReqRepr) {
+        let dup = self.sidrs.values().any(|s| {
+            s.state == State::SidrReqRcvd
+                && s.request_id == req.request_id
+                && s.remote_gid == src_gid
+        });
+        if dup {
+            self.dropped += 1;
+            return;
+        }
+        if !self.listeners.contains(&req.service_id) {
+            let mad = sidr_rep_mad(
+                tid,
+                0,
+                SidrRepRepr {
+                    request_id: req.request_id,
+                    status: SidrStatus::UNSUPPORTED,
+                    info_length: 0,
+                    vendor_id: 0,
+                    qpn: 0,
+                    service_id: req.service_id,
+                    qkey: 0,
+                    info: [0; cm::sidr_rep::INFO_LEN],
+                    private_data: [0; cm::sidr_rep::PRIVATE_DATA_LEN],
+                },
+            );
+            self.push(src_gid, mad);
+            return;
+        }
+        let local_id = self.alloc_id();
+        self.sidrs.insert(
+            local_id,
+            Sidr {
+                state: State::SidrReqRcvd,
+                remote_gid: src_gid,
+                request_id: req.request_id,
+                service_id: req.service_id,
+                tid,
+                outstanding: None,
+            },
+        );
+        self.events.push_back(Event::SidrRequest {
+            id: ConnId(local_id),
+            remote_gid: src_gid,
+            req: Box::new(req),
+        });
+    }
+
+    /// Kernel `cm_sidr_rep_handler`: the SIDR_REP names our id by the
+    /// request ID (`cm_acquire_id(request_id, 0)`); it must be in
+    /// SIDR_REQ_SENT. Late copies find nothing and are dropped.
+    fn on_sidr_rep(&mut self, rep: SidrRepRepr) {
+        let pending = self
+            .sidrs
+            .get(&rep.request_id)
+            .is_some_and(|s| s.state == State::SidrReqSent);
+        if !pending {
+            self.dropped += 1;
+            return;
+        }
+        self.sidrs.remove(&rep.request_id);
+        self.events.push_back(Event::SidrReply {
+            id: ConnId(rep.request_id),
+            status: rep.status,
+            qpn: rep.qpn,
+            qkey: rep.qkey,
+            info: rep.info_bytes().to_vec(),
+            private_data: Box::new(rep.private_data),
+        });
+    }
+
     /// Kernel `cm_drep_handler`.
     fn on_drep(&mut self, now: Instant, drep: DrepRepr) {
         let Some(local_id) = self.find(drep.remote_comm_id, drep.local_comm_id) else {
@@ -1314,6 +1719,17 @@ impl Endpoint {
             },
         );
     }
+}
+
+/// A SIDR_REP MAD (kernel `cm_format_sidr_rep`: the SIDR_REQ's TID, ECE
+/// options in the attribute modifier).
+fn sidr_rep_mad(tid: u64, attr_mod: u32, rep: SidrRepRepr) -> [u8; MAD_LEN] {
+    CmMad {
+        transaction_id: tid,
+        attribute_modifier: attr_mod,
+        message: CmMessage::SidrRep(rep),
+    }
+    .to_bytes()
 }
 
 /// The RTU of a connection (kernel `cm_format_rtu`: the connection's TID).

@@ -41,6 +41,6 @@ mod endpoint;
 pub mod timing;
 
 pub use endpoint::{
-    AcceptParams, CmError, Config, ConnId, ConnectParams, Endpoint, Event, Gid, SentMessage, State,
-    Transmit,
+    AcceptParams, CmError, Config, ConnId, ConnectParams, Endpoint, Event, Gid, SentMessage,
+    SidrParams, SidrReplyParams, State, Transmit,
 };

@@ -72,12 +72,15 @@ fn passive_side_answers_the_kernel_req_as_the_kernel_did() {
         id,
         remote_gid,
         req: r,
+        ece_attr_mod,
     }) = ep.poll_event()
     else {
         panic!("no ConnectRequest")
     };
     assert_eq!(id, ConnId(0xd672_d11f));
     assert_eq!(remote_gid, VM2);
+    // Kernel rdma_cm without ECE: vendor ID and attribute modifier 0.
+    assert_eq!((r.vendor_id, ece_attr_mod), (0, 0));
     assert_eq!(
         (r.local_qpn, r.starting_psn, r.local_comm_id),
         (0x1a, 0x9d9f00, 0x4f5b_c80c)
@@ -104,6 +107,8 @@ fn passive_side_answers_the_kernel_req_as_the_kernel_did() {
         rnr_retry_count: 7,
         srq: false,
         private_data: vec![],
+        ece_vendor_id: 0,
+        ece_attr_mod: 0,
     };
     let t1 = t0 + Duration::from_millis(49);
     ep.accept(t1, id, &accept).unwrap();
@@ -200,6 +205,8 @@ fn rping_connect(
             local_ack_timeout: 0,
         },
         private_data: pd,
+        ece_vendor_id: 0,
+        ece_attr_mod: 0,
     }
 }
 
@@ -224,10 +231,16 @@ fn active_side_connects_and_disconnects_as_the_kernel_did() {
     assert_eq!(ep.poll_timeout(), Some(t0 + Duration::from_millis(6144)));
 
     ep.handle_mad(t0, rep.1, &rep.2);
-    let Some(Event::ConnectReply { id: e, rep: r }) = ep.poll_event() else {
+    let Some(Event::ConnectReply {
+        id: e,
+        rep: r,
+        ece_attr_mod,
+    }) = ep.poll_event()
+    else {
         panic!("no ConnectReply")
     };
     assert_eq!((e, r.local_qpn, r.starting_psn), (id, 0x1a, 0x2cba7f));
+    assert_eq!((r.vendor_id, ece_attr_mod), (0, 0));
     assert_eq!(ep.state(id), Some(State::RepRcvd));
     assert_eq!(ep.poll_timeout(), None, "the REQ is answered");
 

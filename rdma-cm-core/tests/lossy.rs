@@ -11,9 +11,12 @@ use rdma_cm_core::timing::{
     RXE_ACK_DELAY,
 };
 use rdma_cm_core::{
-    AcceptParams, CmError, Config, ConnId, ConnectParams, Endpoint, Event, SentMessage, State,
+    AcceptParams, CmError, Config, ConnId, ConnectParams, Endpoint, Event, SentMessage, SidrParams,
+    SidrReplyParams, State,
 };
-use wire::cm::{self, attr, CmMad, CmMessage, DreqRepr, MessageResponse, PathRepr, RejectReason};
+use wire::cm::{
+    self, attr, CmMad, CmMessage, DreqRepr, MessageResponse, PathRepr, RejectReason, SidrStatus,
+};
 
 const GID_A: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xa];
 const GID_B: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xb];
@@ -30,6 +33,19 @@ const TIMEWAIT_MS: u64 = 2048;
 enum Side {
     A,
     B,
+}
+
+/// SIDR_REQ timeout of rdma_cm (`cma_resolve_ib_udp`):
+/// 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms.
+const SIDR_TIMEOUT_MS: u64 = 4096;
+
+/// What the passive consumer does with a SidrRequest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SidrAnswer {
+    /// `sidr_reply` SUCCESS with QPN 0x5d5 and Q_Key 0x1234_5678.
+    Reply,
+    /// Nothing (a slow consumer).
+    Ignore,
 }
 
 /// What the passive consumer does with a ConnectRequest.
@@ -52,6 +68,7 @@ struct Net {
     passive: Passive,
     /// The active side disconnects as soon as it is established.
     auto_disconnect: bool,
+    sidr_answer: SidrAnswer,
 }
 
 fn config(guid: u64, operand: u32) -> Config {
@@ -92,6 +109,8 @@ fn connect_params(qpn: u32) -> ConnectParams {
             ..PathRepr::default()
         },
         private_data: b"hello from A".to_vec(),
+        ece_vendor_id: 0,
+        ece_attr_mod: 0,
     }
 }
 
@@ -109,6 +128,8 @@ fn accept_params_for(req_qpn: u32) -> AcceptParams {
         rnr_retry_count: 7,
         srq: false,
         private_data: b"hello from B".to_vec(),
+        ece_vendor_id: 0,
+        ece_attr_mod: 0,
     }
 }
 
@@ -127,6 +148,7 @@ impl Net {
             drop: Box::new(drop),
             passive: Passive::Accept,
             auto_disconnect: false,
+            sidr_answer: SidrAnswer::Reply,
         }
     }
 
@@ -188,6 +210,11 @@ impl Net {
                         Passive::Mra { delayed } => self.b.send_mra(*id, 24, delayed).unwrap(),
                     }
                 }
+                if let (Event::SidrRequest { id, .. }, SidrAnswer::Reply) = (&e, self.sidr_answer) {
+                    self.b
+                        .sidr_reply(*id, SidrStatus::SUCCESS, 0x5d5, 0x1234_5678, b"sidr from B")
+                        .unwrap();
+                }
                 self.events.push((self.now - self.t0, Side::B, e));
             }
             if busy {
@@ -229,6 +256,8 @@ impl Net {
                     Event::Unreachable { .. } => "Unreachable",
                     Event::Disconnected { .. } => "Disconnected",
                     Event::TimewaitExit { .. } => "TimewaitExit",
+                    Event::SidrRequest { .. } => "SidrRequest",
+                    Event::SidrReply { .. } => "SidrReply",
                 };
                 (t.as_millis() as u64, name)
             })
@@ -237,6 +266,18 @@ impl Net {
 }
 
 use Side::{A, B};
+
+/// rdma_cm's SIDR parameters (`cma_resolve_ib_udp`): 4096 ms, 15 retries.
+fn sidr_params() -> SidrParams {
+    SidrParams {
+        service_id: SERVICE,
+        pkey: 0xffff,
+        remote_gid: GID_B,
+        timeout: Duration::from_millis(cm_convert_to_ms(CMA_CM_RESPONSE_TIMEOUT)),
+        max_cm_retries: CMA_MAX_CM_RETRIES,
+        private_data: b"sidr from A".to_vec(),
+    }
+}
 
 #[test]
 fn clean_connect_and_disconnect() {
@@ -793,7 +834,7 @@ proptest! {
     #[test]
     fn hostile_mads_never_panic(
         mads in prop::collection::vec(
-            (prop::collection::vec(any::<u8>(), 232), 0x10u16..=0x16, any::<bool>(), any::<u64>()),
+            (prop::collection::vec(any::<u8>(), 232), 0x10u16..=0x18, any::<bool>(), any::<u64>()),
             1..40,
         ),
     ) {
@@ -826,4 +867,500 @@ proptest! {
         n.run(n.ms() + 1);
         prop_assert_eq!(n.a.state(id2), Some(State::Established));
     }
+}
+
+#[test]
+fn sidr_request_is_answered_with_qpn_and_qkey() {
+    let mut n = Net::new(|_, _, _| false);
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    assert_eq!(n.a.state(id), Some(State::SidrReqSent));
+    n.run(100_000);
+    assert_eq!(
+        n.sent(),
+        [(0, A, attr::SIDR_REQ, false), (0, B, attr::SIDR_REP, false)]
+    );
+    let [(
+        _,
+        B,
+        Event::SidrRequest {
+            remote_gid, req, ..
+        },
+    ), (
+        _,
+        A,
+        Event::SidrReply {
+            id: got,
+            status,
+            qpn,
+            qkey,
+            info,
+            private_data,
+        },
+    )] = &n.events[..]
+    else {
+        panic!("{:?}", n.events)
+    };
+    assert_eq!(*remote_gid, GID_A);
+    assert_eq!((req.service_id, req.pkey), (SERVICE, 0xffff));
+    assert_eq!(&req.private_data[..11], b"sidr from A");
+    assert_eq!(
+        (*got, *status, *qpn, *qkey),
+        (id, SidrStatus::SUCCESS, 0x5d5, 0x1234_5678)
+    );
+    assert!(info.is_empty());
+    assert_eq!(&private_data[..11], b"sidr from B");
+    // Nothing is left: a SIDR id has no TIMEWAIT.
+    assert_eq!((n.a.connection_count(), n.b.connection_count()), (0, 0));
+    assert_eq!((n.a.poll_timeout(), n.b.poll_timeout()), (None, None));
+    assert_eq!(n.a.state(id), None);
+}
+
+#[test]
+fn sidr_request_for_an_unlistened_service_is_answered_unsupported() {
+    // Kernel cm_sidr_req_handler: no listener → SIDR_REP status 1
+    // (IB_SIDR_UNSUPPORTED) at once, nothing kept, no consumer event.
+    let mut n = Net::new(|_, _, _| false);
+    n.b.unlisten(SERVICE).unwrap();
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(100_000);
+    assert_eq!(
+        n.sent(),
+        [(0, A, attr::SIDR_REQ, false), (0, B, attr::SIDR_REP, false)]
+    );
+    assert!(
+        matches!(&n.events[..], [(_, A, Event::SidrReply { id: e, status, qpn: 0, qkey: 0, .. })]
+            if *e == id && *status == SidrStatus::UNSUPPORTED && status.0 == 1),
+        "{:?}",
+        n.events
+    );
+    assert_eq!((n.a.connection_count(), n.b.connection_count()), (0, 0));
+}
+
+#[test]
+fn lost_sidr_req_is_resent_after_its_timeout() {
+    let mut n = Net::new(|side, attr, nth| side == A && attr == attr::SIDR_REQ && nth < 2);
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(1_000_000);
+    assert_eq!(
+        n.sent(),
+        [
+            (0, A, attr::SIDR_REQ, true),
+            (SIDR_TIMEOUT_MS, A, attr::SIDR_REQ, true),
+            (2 * SIDR_TIMEOUT_MS, A, attr::SIDR_REQ, false),
+            (2 * SIDR_TIMEOUT_MS, B, attr::SIDR_REP, false)
+        ]
+    );
+    assert!(matches!(
+        n.events.last(),
+        Some((_, A, Event::SidrReply { id: e, status: SidrStatus::SUCCESS, .. })) if *e == id
+    ));
+}
+
+#[test]
+fn lost_sidr_rep_is_recovered_by_the_resent_sidr_req() {
+    // An answered SIDR_REQ is forgotten (kernel cm_send_sidr_rep_locked
+    // takes it out of the remote SIDR table), so the resent copy is a new
+    // request to the consumer, who answers it again.
+    let mut n = Net::new(|side, attr, nth| side == B && attr == attr::SIDR_REP && nth == 0);
+    n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(1_000_000);
+    assert_eq!(
+        n.sent(),
+        [
+            (0, A, attr::SIDR_REQ, false),
+            (0, B, attr::SIDR_REP, true),
+            (SIDR_TIMEOUT_MS, A, attr::SIDR_REQ, false),
+            (SIDR_TIMEOUT_MS, B, attr::SIDR_REP, false)
+        ]
+    );
+    assert_eq!(
+        n.event_names(B),
+        [(0, "SidrRequest"), (SIDR_TIMEOUT_MS, "SidrRequest")]
+    );
+    assert_eq!(n.event_names(A), [(SIDR_TIMEOUT_MS, "SidrReply")]);
+}
+
+#[test]
+fn vanished_peer_makes_the_sidr_req_unreachable_after_all_retries() {
+    // Kernel: the MAD layer sends the SIDR_REQ once and resends it
+    // max_cm_retries (15) times, every timeout_ms (4096); then
+    // IB_CM_SIDR_REQ_ERROR, which rdma_cm reports as UNREACHABLE.
+    let mut n = Net::new(|side, _, _| side == A);
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(10_000_000);
+    let expected: Vec<_> = (0..=u64::from(CMA_MAX_CM_RETRIES))
+        .map(|k| (k * SIDR_TIMEOUT_MS, A, attr::SIDR_REQ, true))
+        .collect();
+    assert_eq!(n.sent(), expected);
+    assert_eq!(expected.len(), 16);
+    let give_up = 16 * SIDR_TIMEOUT_MS;
+    assert_eq!(n.event_names(A), [(give_up, "Unreachable")]);
+    assert!(matches!(
+        n.events[..],
+        [(_, A, Event::Unreachable { id: e, message: SentMessage::SidrReq })] if e == id
+    ));
+    assert_eq!(n.a.state(id), None);
+    assert_eq!(n.a.poll_timeout(), None);
+}
+
+#[test]
+fn duplicate_sidr_req_is_dropped_while_the_consumer_decides() {
+    let mut n = Net::new(|_, _, _| false);
+    n.sidr_answer = SidrAnswer::Ignore;
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(SIDR_TIMEOUT_MS + 1);
+    // The resent SIDR_REQ reached B but is the pending request again.
+    assert_eq!(
+        n.sent(),
+        [
+            (0, A, attr::SIDR_REQ, false),
+            (SIDR_TIMEOUT_MS, A, attr::SIDR_REQ, false)
+        ]
+    );
+    assert_eq!(n.event_names(B), [(0, "SidrRequest")]);
+    assert_eq!(n.b.dropped(), 1);
+    let Some((_, B, Event::SidrRequest { id: bid, req, .. })) = n.events.first().cloned() else {
+        panic!("{:?}", n.events)
+    };
+    assert_eq!(n.b.state(bid), Some(State::SidrReqRcvd));
+    // The same request ID from another GID is another requester.
+    let gid_c = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xc];
+    let copy = CmMad {
+        transaction_id: 1,
+        attribute_modifier: 0,
+        message: CmMessage::SidrReq(*req.clone()),
+    };
+    n.b.handle_mad(n.now, gid_c, &copy.to_bytes());
+    assert!(matches!(
+        n.b.poll_event(),
+        Some(Event::SidrRequest { remote_gid, .. }) if remote_gid == gid_c
+    ));
+    assert_eq!(n.b.connection_count(), 2);
+    // The consumer answers the first: A is done.
+    n.b.sidr_reply(bid, SidrStatus::SUCCESS, 0x77, 0x99, &[])
+        .unwrap();
+    n.run(SIDR_TIMEOUT_MS + 2);
+    assert!(matches!(
+        n.events.last(),
+        Some((_, A, Event::SidrReply { id: e, qpn: 0x77, qkey: 0x99, .. })) if *e == id
+    ));
+    assert_eq!(n.a.connection_count(), 0);
+    assert_eq!(
+        n.b.sidr_reply(bid, SidrStatus::SUCCESS, 0x77, 0x99, &[]),
+        Err(CmError::UnknownId(bid))
+    );
+}
+
+#[test]
+fn destroying_sidr_ids() {
+    // Passive (kernel cm_destroy_id in SIDR_REQ_RCVD): SIDR_REP REJECT.
+    let mut n = Net::new(|_, _, _| false);
+    n.sidr_answer = SidrAnswer::Ignore;
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(1);
+    let Some((_, B, Event::SidrRequest { id: bid, .. })) = n.events.first().cloned() else {
+        panic!("{:?}", n.events)
+    };
+    n.b.destroy(n.now, bid).unwrap();
+    n.run(2);
+    assert!(matches!(
+        n.events.last(),
+        Some((_, A, Event::SidrReply { id: e, status: SidrStatus::REJECT, .. })) if *e == id
+    ));
+    assert_eq!((n.a.connection_count(), n.b.connection_count()), (0, 0));
+
+    // Active (SIDR_REQ_SENT): no more resends and no event; a late
+    // SIDR_REP finds nothing.
+    let mut n = Net::new(|side, _, _| side == B);
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(1);
+    n.a.destroy(n.now, id).unwrap();
+    assert_eq!(n.a.poll_timeout(), None);
+    n.run(1_000_000);
+    assert_eq!(n.event_names(A), []);
+    assert_eq!(n.a.destroy(n.now, id), Err(CmError::UnknownId(id)));
+}
+
+#[test]
+fn sidr_consumer_errors_are_explained() {
+    let mut n = Net::new(|_, _, _| false);
+    n.sidr_answer = SidrAnswer::Ignore;
+    let too_long = SidrParams {
+        private_data: vec![0; 217],
+        ..sidr_params()
+    };
+    assert_eq!(
+        n.a.sidr_request(n.now, &too_long),
+        Err(CmError::PrivateDataTooLong { len: 217, max: 216 })
+    );
+    let id = n.a.sidr_request(n.now, &sidr_params()).unwrap();
+    n.run(1);
+    let e =
+        n.a.sidr_reply(id, SidrStatus::SUCCESS, 1, 2, &[])
+            .unwrap_err();
+    assert_eq!(
+        e,
+        CmError::InvalidState {
+            id,
+            state: State::SidrReqSent,
+            call: "sidr_reply"
+        }
+    );
+    let Some((_, B, Event::SidrRequest { id: bid, .. })) = n.events.first().cloned() else {
+        panic!("{:?}", n.events)
+    };
+    assert_eq!(
+        n.b.sidr_reply(bid, SidrStatus::SUCCESS, 1, 2, &[0; 137]),
+        Err(CmError::PrivateDataTooLong { len: 137, max: 136 })
+    );
+    let params = SidrReplyParams {
+        status: SidrStatus::REDIRECT,
+        qpn: 0,
+        qkey: 0,
+        info: vec![1; 73],
+        private_data: Vec::new(),
+        ece_vendor_id: 0,
+        ece_attr_mod: 0,
+    };
+    let e = n.b.sidr_reply_with(bid, &params).unwrap_err();
+    assert_eq!(e, CmError::AdditionalInfoTooLong { len: 73, max: 72 });
+    assert!(e.to_string().contains("a SIDR_REP holds 72"), "{e}");
+    // Still pending after the refused calls; a SIDR id is not a connection.
+    assert_eq!(n.b.state(bid), Some(State::SidrReqRcvd));
+    assert!(matches!(
+        n.b.accept(n.now, bid, &accept_params()),
+        Err(CmError::UnknownId(_))
+    ));
+    // Additional information reaches the requester, trimmed to its length.
+    let params = SidrReplyParams {
+        info: vec![1, 2, 3],
+        ..params
+    };
+    n.b.sidr_reply_with(bid, &params).unwrap();
+    n.run(2);
+    assert!(matches!(
+        n.events.last(),
+        Some((_, A, Event::SidrReply { status: SidrStatus::REDIRECT, info, .. })) if info == &[1, 2, 3]
+    ));
+}
+
+#[test]
+fn sidr_messages_carry_what_the_kernel_puts_in_them() {
+    // Byte level: the SIDR_REQ's TID is formed from the request ID as a
+    // REQ's is (cm_form_tid), with no attribute modifier; the SIDR_REP
+    // echoes TID, request ID and service ID, and carries ECE as kernel
+    // cm_format_sidr_rep does (vendor ID bits 15-0, attr_mod in the header).
+    let t0 = Instant::now();
+    let mut a = Endpoint::new(config(0xaaaa, 0x1111_0000));
+    let mut b = Endpoint::new(config(0xbbbb, 0x5555_0000));
+    b.listen(SERVICE).unwrap();
+    let id = a.sidr_request(t0, &sidr_params()).unwrap();
+    let t = a.poll_transmit().unwrap();
+    assert_eq!(t.dst_gid, GID_B);
+    let m = CmMad::parse(&t.mad).unwrap();
+    let tid = 7u64 << 32 | u64::from(u32::from_le_bytes(id.0.to_be_bytes()));
+    assert_eq!((m.transaction_id, m.attribute_modifier), (tid, 0));
+    let CmMessage::SidrReq(req) = &m.message else {
+        panic!("{m:?}")
+    };
+    assert_eq!(
+        (req.request_id, req.pkey, req.service_id),
+        (id.0, 0xffff, SERVICE)
+    );
+
+    b.handle_mad(t0, GID_A, &t.mad);
+    let Some(Event::SidrRequest { id: bid, .. }) = b.poll_event() else {
+        panic!()
+    };
+    let params = SidrReplyParams {
+        status: SidrStatus::SUCCESS,
+        qpn: 0x1_00c0de,
+        qkey: 0x1111_2222,
+        info: Vec::new(),
+        private_data: b"pd".to_vec(),
+        ece_vendor_id: 0x00ab_cdef,
+        ece_attr_mod: 0x8000_0005,
+    };
+    b.sidr_reply_with(bid, &params).unwrap();
+    let r = b.poll_transmit().unwrap();
+    assert_eq!(r.dst_gid, GID_A);
+    assert_eq!(&r.mad[16..24], &[0, 0x18, 0, 0, 0x80, 0, 0, 5]);
+    let m = CmMad::parse(&r.mad).unwrap();
+    assert_eq!(m.transaction_id, tid);
+    let CmMessage::SidrRep(rep) = &m.message else {
+        panic!("{m:?}")
+    };
+    assert_eq!(
+        (
+            rep.request_id,
+            rep.service_id,
+            rep.qpn,
+            rep.qkey,
+            rep.vendor_id
+        ),
+        (id.0, SERVICE, 0x00c0de, 0x1111_2222, 0xcdef)
+    );
+    a.handle_mad(t0, GID_B, &r.mad);
+    assert!(matches!(
+        a.poll_event(),
+        Some(Event::SidrReply { id: e, qpn: 0x00c0de, .. }) if e == id
+    ));
+    // A copy of the SIDR_REP finds nothing any more.
+    a.handle_mad(t0, GID_B, &r.mad);
+    assert_eq!(a.poll_event(), None);
+    assert_eq!(a.dropped(), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Whatever the link drops, a SIDR request ends in exactly one
+    /// SidrReply or Unreachable, no later than every retry, and leaves
+    /// both sides idle.
+    #[test]
+    fn any_sidr_loss_pattern_ends_idle(drops in prop::collection::vec(any::<bool>(), 40)) {
+        let mut k = 0usize;
+        let mut n = Net::new(move |_, _, _| {
+            k += 1;
+            drops[k % 40]
+        });
+        n.a.sidr_request(n.now, &sidr_params()).unwrap();
+        n.run(10_000_000);
+        prop_assert_eq!((n.a.connection_count(), n.b.connection_count()), (0, 0));
+        prop_assert_eq!((n.a.poll_timeout(), n.b.poll_timeout()), (None, None));
+        let outcomes = n.event_names(A);
+        prop_assert_eq!(outcomes.len(), 1, "{:?}", outcomes);
+        prop_assert!(outcomes[0].0 <= 16 * SIDR_TIMEOUT_MS);
+    }
+}
+
+#[test]
+fn ece_travels_in_req_and_rep_as_the_kernel_sends_it() {
+    // Kernel cm_format_req / cm_format_rep: the vendor ID in the message
+    // (REQ bytes 5-7; REP bytes 15, 19 and 23), the options in the MAD
+    // header's attribute modifier (cm_format_mad_ece_hdr), and
+    // cm_format_req_event / cm_format_rep_event hand both up. Every other
+    // message keeps attribute modifier 0 (cm_format_mad_hdr).
+    let t0 = Instant::now();
+    let mut a = Endpoint::new(config(0xaaaa, 0x1111_0000));
+    let mut b = Endpoint::new(config(0xbbbb, 0x5555_0000));
+    b.listen(SERVICE).unwrap();
+    let params = ConnectParams {
+        // Above 24 bits is cut, as IBA_SET cuts it.
+        ece_vendor_id: 0x0100_02c9,
+        ece_attr_mod: 0x8000_0001,
+        ..connect_params(0xa1a)
+    };
+    let id = a.connect(t0, &params).unwrap();
+    let req = a.poll_transmit().unwrap().mad;
+    assert_eq!(&req[20..24], &[0x80, 0, 0, 1]);
+    assert_eq!(&req[24 + 4..24 + 8], &[0, 0, 0x02, 0xc9]);
+    // The resent REQ is the same REQ.
+    let t1 = t0 + Duration::from_millis(REQ_TIMEOUT_MS);
+    a.handle_timeout(t1);
+    assert_eq!(a.poll_transmit().unwrap().mad, req);
+
+    b.handle_mad(t1, GID_A, &req);
+    let Some(Event::ConnectRequest {
+        id: bid,
+        req: r,
+        ece_attr_mod,
+        ..
+    }) = b.poll_event()
+    else {
+        panic!("no ConnectRequest")
+    };
+    assert_eq!((r.vendor_id, ece_attr_mod), (0x02c9, 0x8000_0001));
+    let accept = AcceptParams {
+        ece_vendor_id: 0x00ab_cdef,
+        ece_attr_mod: 0x8000_0000,
+        ..accept_params()
+    };
+    b.accept(t1, bid, &accept).unwrap();
+    let rep = b.poll_transmit().unwrap().mad;
+    assert_eq!(&rep[20..24], &[0x80, 0, 0, 0]);
+    assert_eq!(
+        (rep[24 + 15], rep[24 + 19], rep[24 + 23]),
+        (0xab, 0xcd, 0xef)
+    );
+    a.handle_mad(t1, GID_B, &rep);
+    let Some(Event::ConnectReply {
+        id: e,
+        rep: r,
+        ece_attr_mod,
+    }) = a.poll_event()
+    else {
+        panic!("no ConnectReply")
+    };
+    assert_eq!(
+        (e, r.vendor_id, ece_attr_mod),
+        (id, 0x00ab_cdef, 0x8000_0000)
+    );
+
+    // RTU, DREQ and DREP carry none.
+    a.ready_to_use(id, &[]).unwrap();
+    let rtu = a.poll_transmit().unwrap().mad;
+    b.handle_mad(t1, GID_A, &rtu);
+    a.disconnect(t1, id, &[]).unwrap();
+    let dreq = a.poll_transmit().unwrap().mad;
+    b.handle_mad(t1, GID_A, &dreq);
+    let drep = b.poll_transmit().unwrap().mad;
+    for (name, mad) in [("RTU", rtu), ("DREQ", dreq), ("DREP", drep)] {
+        assert_eq!(CmMad::parse(&mad).unwrap().attribute_modifier, 0, "{name}");
+    }
+}
+
+#[test]
+fn refusing_ece_is_a_reject_vendor_option_not_supported() {
+    // rdma_reject with IB_CM_REJ_VENDOR_OPTION_NOT_SUPPORTED (the one
+    // reason besides CONSUMER_DEFINED that ucma_reject lets through):
+    // ib_send_cm_rej with reason 35; the REJ's attribute modifier is 0.
+    let mut n = Net::new(|_, _, _| false);
+    let params = ConnectParams {
+        ece_vendor_id: 0x02c9,
+        ece_attr_mod: 1,
+        ..connect_params(0xa1a)
+    };
+    let id = n.a.connect(n.now, &params).unwrap();
+    // B's consumer refuses the options by hand.
+    let req = n.a.poll_transmit().unwrap().mad;
+    n.b.handle_mad(n.now, GID_A, &req);
+    let Some(Event::ConnectRequest {
+        id: bid,
+        ece_attr_mod: 1,
+        ..
+    }) = n.b.poll_event()
+    else {
+        panic!("no ConnectRequest with ECE")
+    };
+    n.b.reject(
+        n.now,
+        bid,
+        RejectReason::VENDOR_OPTION_NOT_SUPPORTED,
+        b"no ece",
+    )
+    .unwrap();
+    let rej = n.b.poll_transmit().unwrap().mad;
+    let m = CmMad::parse(&rej).unwrap();
+    assert_eq!(m.attribute_modifier, 0);
+    let CmMessage::Rej(r) = &m.message else {
+        panic!("{m:?}")
+    };
+    assert_eq!((r.reason.0, r.message_rejected), (35, MessageResponse::Req));
+    n.a.handle_mad(n.now, GID_B, &rej);
+    let Some(Event::Rejected {
+        id: e,
+        reason,
+        private_data,
+        ..
+    }) = n.a.poll_event()
+    else {
+        panic!("no Rejected")
+    };
+    assert_eq!(
+        (reason, &private_data[..6]),
+        (RejectReason::VENDOR_OPTION_NOT_SUPPORTED, &b"no ece"[..])
+    );
+    assert_eq!(e, id);
+    assert_eq!(n.a.state(id), None);
 }

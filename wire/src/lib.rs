@@ -124,7 +124,7 @@ pub enum Error {
     Unsupported,
     /// A well-formed MAD that is not a Communication Manager Send this
     /// crate decodes (another management class or class version, another
-    /// method, or a CM attribute such as LAP, APR or SIDR).
+    /// method, or a CM attribute such as LAP or APR).
     UnsupportedMad {
         /// Management class (0x07 is the CM).
         mgmt_class: u8,
@@ -171,8 +171,8 @@ impl core::fmt::Display for Error {
                 f,
                 "unsupported MAD: class {mgmt_class:#04x} version {class_version}, \
                  method {method:#04x}, attribute {attribute_id:#06x}; only CM \
-                 (class 0x07, version 2) Sends of REQ, MRA, REJ, REP, RTU, DREQ \
-                 and DREP (attributes 0x0010-0x0016) are decoded"
+                 (class 0x07, version 2) Sends of REQ, MRA, REJ, REP, RTU, DREQ, \
+                 DREP, SIDR_REQ and SIDR_REP (attributes 0x0010-0x0018) are decoded"
             ),
         }
     }

@@ -16,6 +16,8 @@
 //! | 0x0014 | ReadyToUse (RTU) | [`rtu`] |
 //! | 0x0015 | DisconnectRequest (DREQ) | [`dreq`] |
 //! | 0x0016 | DisconnectReply (DREP) | [`drep`] |
+//! | 0x0017 | ServiceIDResolutionRequest (SIDR_REQ) | [`sidr_req`] |
+//! | 0x0018 | ServiceIDResolutionResponse (SIDR_REP) | [`sidr_rep`] |
 //!
 //! Reserved bits are written as zero and ignored on receipt, as kernel
 //! `cm.c` does (it builds every message in a zeroed MAD with `IBA_SET`).
@@ -36,6 +38,8 @@ pub mod rej;
 pub mod rep;
 pub mod req;
 pub mod rtu;
+pub mod sidr_rep;
+pub mod sidr_req;
 
 pub use drep::DrepRepr;
 pub use dreq::DreqRepr;
@@ -45,6 +49,8 @@ pub use rej::{RejRepr, RejectReason};
 pub use rep::RepRepr;
 pub use req::ReqRepr;
 pub use rtu::RtuRepr;
+pub use sidr_rep::{SidrRepRepr, SidrStatus};
+pub use sidr_req::SidrReqRepr;
 
 /// Length of a CM message: the class data of one MAD.
 pub const MESSAGE_LEN: usize = mad::DATA_LEN;
@@ -67,6 +73,10 @@ pub mod attr {
     pub const DREQ: u16 = 0x0015;
     /// DisconnectReply.
     pub const DREP: u16 = 0x0016;
+    /// ServiceIDResolutionRequest.
+    pub const SIDR_REQ: u16 = 0x0017;
+    /// ServiceIDResolutionResponse.
+    pub const SIDR_REP: u16 = 0x0018;
 }
 
 /// Which message an MRA acknowledges or a REJ rejects: the 2-bit
@@ -221,6 +231,10 @@ pub enum CmMessage {
     Dreq(DreqRepr),
     /// DisconnectReply.
     Drep(DrepRepr),
+    /// ServiceIDResolutionRequest.
+    SidrReq(SidrReqRepr),
+    /// ServiceIDResolutionResponse.
+    SidrRep(SidrRepRepr),
 }
 
 impl CmMessage {
@@ -234,10 +248,14 @@ impl CmMessage {
             CmMessage::Rtu(_) => attr::RTU,
             CmMessage::Dreq(_) => attr::DREQ,
             CmMessage::Drep(_) => attr::DREP,
+            CmMessage::SidrReq(_) => attr::SIDR_REQ,
+            CmMessage::SidrRep(_) => attr::SIDR_REP,
         }
     }
 
-    /// The sender's communication ID (the first word of every message).
+    /// The sender's communication ID (the first word of every connection
+    /// message; a SIDR_REQ's request ID, which is the requester's comm ID;
+    /// 0 in a SIDR_REP, whose sender has none on the wire).
     pub const fn local_comm_id(&self) -> u32 {
         match self {
             CmMessage::Req(m) => m.local_comm_id,
@@ -247,19 +265,23 @@ impl CmMessage {
             CmMessage::Rtu(m) => m.local_comm_id,
             CmMessage::Dreq(m) => m.local_comm_id,
             CmMessage::Drep(m) => m.local_comm_id,
+            CmMessage::SidrReq(m) => m.request_id,
+            CmMessage::SidrRep(_) => 0,
         }
     }
 
-    /// The receiver's communication ID (0 in a REQ, which has none yet).
+    /// The receiver's communication ID (0 in a REQ or SIDR_REQ, which have
+    /// none yet; a SIDR_REP's request ID).
     pub const fn remote_comm_id(&self) -> u32 {
         match self {
-            CmMessage::Req(_) => 0,
+            CmMessage::Req(_) | CmMessage::SidrReq(_) => 0,
             CmMessage::Mra(m) => m.remote_comm_id,
             CmMessage::Rej(m) => m.remote_comm_id,
             CmMessage::Rep(m) => m.remote_comm_id,
             CmMessage::Rtu(m) => m.remote_comm_id,
             CmMessage::Dreq(m) => m.remote_comm_id,
             CmMessage::Drep(m) => m.remote_comm_id,
+            CmMessage::SidrRep(m) => m.request_id,
         }
     }
 
@@ -274,6 +296,12 @@ impl CmMessage {
             attr::RTU => CmMessage::Rtu(RtuRepr::parse(&rtu::Packet::new_checked(data)?)?),
             attr::DREQ => CmMessage::Dreq(DreqRepr::parse(&dreq::Packet::new_checked(data)?)?),
             attr::DREP => CmMessage::Drep(DrepRepr::parse(&drep::Packet::new_checked(data)?)?),
+            attr::SIDR_REQ => {
+                CmMessage::SidrReq(SidrReqRepr::parse(&sidr_req::Packet::new_checked(data)?)?)
+            }
+            attr::SIDR_REP => {
+                CmMessage::SidrRep(SidrRepRepr::parse(&sidr_rep::Packet::new_checked(data)?)?)
+            }
             other => {
                 return Err(Error::UnsupportedMad {
                     mgmt_class: mad::MGMT_CLASS_CM,
@@ -300,6 +328,8 @@ impl CmMessage {
             CmMessage::Rtu(m) => m.emit(&mut rtu::Packet::new_unchecked(data)),
             CmMessage::Dreq(m) => m.emit(&mut dreq::Packet::new_unchecked(data)),
             CmMessage::Drep(m) => m.emit(&mut drep::Packet::new_unchecked(data)),
+            CmMessage::SidrReq(m) => m.emit(&mut sidr_req::Packet::new_unchecked(data)),
+            CmMessage::SidrRep(m) => m.emit(&mut sidr_rep::Packet::new_unchecked(data)),
         }
         Ok(())
     }
@@ -314,8 +344,10 @@ pub struct CmMad {
     /// `hi_tid` and the sender's comm ID; responses (REP, REJ to a REQ,
     /// MRA, DREP) echo the request's.
     pub transaction_id: u64,
-    /// Attribute modifier (Enhanced Connection Establishment options;
-    /// kernel rdma_cm sends 0).
+    /// Attribute modifier. Kernel cm puts the Enhanced Connection
+    /// Establishment options (`ece.attr_mod`) here in REQ, REP and SIDR_REP
+    /// (`cm_format_mad_ece_hdr`) and sends 0 in every other message;
+    /// kernel rdma_cm without ECE sends 0 throughout.
     pub attribute_modifier: u32,
     /// The message.
     pub message: CmMessage,
@@ -407,7 +439,9 @@ mod tests {
                 "byte {at} = {value:#x}"
             );
         }
-        for a in [attr::CLASS_PORT_INFO, 0x0017, 0x0019, 0x0000] {
+        // LAP (0x0019) and APR (0x001a) are not decoded: kernel cm
+        // refuses them over RoCE.
+        for a in [attr::CLASS_PORT_INFO, 0x0019, 0x001a, 0x0000] {
             let e = CmMad::parse(&mad_with(a)).unwrap_err();
             assert_eq!(
                 e,
@@ -501,6 +535,65 @@ mod tests {
         assert_eq!(CmMad::parse(&b), Ok(m));
         assert_eq!(RejectReason(34).to_string(), "unassigned reason 34");
         assert_eq!(RejectReason::STALE_CONN.name(), Some("stale connection"));
+    }
+
+    #[test]
+    fn sidr_mads_round_trip_with_their_headers() {
+        let req = CmMad {
+            transaction_id: 0x0000_0002_4433_2211,
+            attribute_modifier: 0,
+            message: CmMessage::SidrReq(SidrReqRepr {
+                request_id: 0x1122_3344,
+                pkey: 0xffff,
+                service_id: 0x0000_0000_0111_4e21,
+                private_data: pad_private_data(b"cma").unwrap(),
+            }),
+        };
+        let b = req.to_bytes();
+        assert_eq!(&b[16..18], &[0x00, 0x17]);
+        assert_eq!(&b[24..28], &[0x11, 0x22, 0x33, 0x44]);
+        assert_eq!(&b[40..43], b"cma");
+        assert_eq!(CmMad::parse(&b), Ok(req.clone()));
+        assert_eq!(req.message.local_comm_id(), 0x1122_3344);
+        assert_eq!(req.message.remote_comm_id(), 0);
+
+        // A SIDR_REP with ECE: the attribute modifier rides in the header.
+        let rep = CmMad {
+            transaction_id: 0x0000_0002_4433_2211,
+            attribute_modifier: 0x8000_0001,
+            message: CmMessage::SidrRep(SidrRepRepr {
+                request_id: 0x1122_3344,
+                status: SidrStatus::SUCCESS,
+                info_length: 0,
+                vendor_id: 0x02c9,
+                qpn: 0x12,
+                service_id: 0x0000_0000_0111_4e21,
+                qkey: 0x0123_4567,
+                info: [0; sidr_rep::INFO_LEN],
+                private_data: [0; sidr_rep::PRIVATE_DATA_LEN],
+            }),
+        };
+        let b = rep.to_bytes();
+        assert_eq!(&b[16..24], &[0x00, 0x18, 0, 0, 0x80, 0, 0, 1]);
+        assert_eq!(
+            &b[24..36],
+            &[0x11, 0x22, 0x33, 0x44, 0, 0, 0, 0x02, 0, 0, 0x12, 0xc9]
+        );
+        assert_eq!(CmMad::parse(&b), Ok(rep.clone()));
+        assert_eq!(rep.message.local_comm_id(), 0);
+        assert_eq!(rep.message.remote_comm_id(), 0x1122_3344);
+
+        // Truncated class data is an error, not a panic.
+        for len in [0, 8, MESSAGE_LEN - 1] {
+            assert_eq!(
+                CmMessage::parse(attr::SIDR_REQ, &b[24..24 + len]),
+                Err(Error::Truncated)
+            );
+            assert_eq!(
+                CmMessage::parse(attr::SIDR_REP, &b[24..24 + len]),
+                Err(Error::Truncated)
+            );
+        }
     }
 
     #[test]
