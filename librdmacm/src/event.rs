@@ -177,7 +177,16 @@ fn new_conn_id(listener: &CmId, e: &CmEvent) -> Result<&'static CmId, CmErr> {
 }
 
 /// Turn a daemon event into a C event, or None to skip it.
-fn process(e: CmEvent) -> Option<Box<EventBox>> {
+fn process(mut e: CmEvent) -> Option<Box<EventBox>> {
+    // The daemon reports the peer's REQ/REP values; kernel cm reports
+    // them from the receiver's side (`cm_format_req_event`,
+    // `cm_format_rep_event`: our responder resources are the peer's
+    // initiator depth), and so do we, to the program and to our QP.
+    if e.event == ev::CONNECT_REQUEST || e.event == ev::CONNECT_RESPONSE {
+        if let Some(p) = e.param.as_mut() {
+            std::mem::swap(&mut p.responder_resources, &mut p.initiator_depth);
+        }
+    }
     let listener = if e.event == ev::CONNECT_REQUEST {
         match e.listen_id {
             Some(l) => Some(id::lookup_for_event(l)?),

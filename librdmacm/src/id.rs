@@ -522,6 +522,18 @@ fn cm_id<'a>(id: *mut rdma_cm_id) -> Result<&'a CmId, CmErr> {
     unsafe { cm(id) }
 }
 
+/// Where a BIND or LISTEN reply says the id is: `src= sport=` as in
+/// events (what rxe-emud sends), or `addr= port=` (cmproto's example).
+fn bound_addrs(
+    f: &emulator_daemon::cmproto::Fields,
+) -> Result<emulator_daemon::cmproto::Addrs, CmErr> {
+    let mut a = emulator_daemon::cmproto::Addrs::read(f)?;
+    if let Some(ip) = f.ip_opt("addr")? {
+        a.src = Some((ip, f.num_or("port", 0)?));
+    }
+    Ok(a)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rxe_rdma_bind_addr(
     id: *mut rdma_cm_id,
@@ -536,9 +548,7 @@ pub unsafe extern "C" fn rxe_rdma_bind_addr(
             addr: ip,
             port,
         })?;
-        let mut a = emulator_daemon::cmproto::Addrs::read(&f)?;
-        a.src = Some((f.ip("addr")?, f.num("port")?));
-        apply_addrs(c, &a)
+        apply_addrs(c, &bound_addrs(&f)?)
     })
 }
 
@@ -594,11 +604,7 @@ pub unsafe extern "C" fn rxe_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
             id: c.handle,
             backlog,
         })?;
-        let mut a = emulator_daemon::cmproto::Addrs::read(&f)?;
-        if let (Some(ip), Ok(port)) = (f.ip_opt("addr").ok().flatten(), f.num::<u16>("port")) {
-            a.src = Some((ip, port));
-        }
-        apply_addrs(c, &a)
+        apply_addrs(c, &bound_addrs(&f)?)
     })
 }
 
