@@ -25,8 +25,9 @@
 //! - If the daemon goes away, calls fail with `ENODEV` and blocked
 //!   `rdma_get_cm_event` calls return `ENODEV`: nothing hangs.
 //!
-//! Not implemented: rsockets (`rsocket`, `rbind`, ..., exported so that
-//! programs load, failing with `ENOSYS`), `AF_IB` addresses and IB path
+//! rsockets: stream sockets (`SOCK_STREAM`) speak rdma-core's rsocket
+//! protocol (`rsocket` module); datagram rsockets and `riomap`/`riowrite`
+//! fail with `ENOSYS`. Not implemented: `AF_IB` addresses and IB path
 //! records (`RDMA_OPTION_IB_PATH`): RoCE has no subnet administrator.
 
 #![allow(clippy::missing_safety_doc)]

@@ -72,7 +72,7 @@ fn reject_with_private_data_reaches_the_client() {
 }
 
 #[test]
-fn no_daemon_is_enodev_and_rsockets_are_enosys() {
+fn no_daemon_is_enodev_and_dgram_rsockets_are_enosys() {
     let dir = scratch_dir("nodaemon");
     let Some(exe) = compile_c("cm_edges", &dir) else {
         return;

@@ -11,7 +11,10 @@
  *                                connect to an address no CM answers on;
  *                                expect RDMA_CM_EVENT_UNREACHABLE, status -110
  *   cm_edges nodaemon            rdma_create_event_channel fails with ENODEV;
- *                                rdma_event_str and the rsocket stubs
+ *                                rdma_event_str; a stream rsocket fails with
+ *                                ENODEV (rstream then says "No RDMA devices
+ *                                were detected"); datagram rsockets and
+ *                                riomap are ENOSYS
  *
  * Exit 0 and a last line "OK ..." on success; "FAIL: why" and exit 1 else.
  */
@@ -198,9 +201,15 @@ static void nodaemon(void)
 	    strcmp(rdma_event_str(99), "UNKNOWN EVENT"))
 		fail("rdma_event_str", EINVAL);
 	errno = 0;
-	if (rsocket(AF_INET, SOCK_STREAM, 0) != -1 || errno != ENOSYS)
-		fail("rsocket is not ENOSYS", errno);
-	printf("OK nodaemon ENODEV, event_str, rsocket ENOSYS\n");
+	if (rsocket(AF_INET, SOCK_STREAM, 0) != -1 || errno != ENODEV)
+		fail("stream rsocket without a daemon: expected -1 and ENODEV", errno);
+	errno = 0;
+	if (rsocket(AF_INET, SOCK_DGRAM, 0) != -1 || errno != ENOSYS)
+		fail("datagram rsocket is not ENOSYS", errno);
+	errno = 0;
+	if (riomap(3, NULL, 0, 0, 0, 0) != -1 || errno != ENOSYS)
+		fail("riomap is not ENOSYS", errno);
+	printf("OK nodaemon ENODEV, event_str, rsocket ENODEV, SOCK_DGRAM and riomap ENOSYS\n");
 }
 
 int main(int argc, char **argv)
