@@ -161,6 +161,9 @@ pub struct Stream {
 
     cq_armed: bool,
     unack_cqe: u32,
+    /// The connection ended without the peer's DISCONNECT message (its
+    /// CM disconnected, or our sends failed).
+    aborted: bool,
 }
 
 // SAFETY: the raw pointers are to objects this socket owns; every use
@@ -256,6 +259,7 @@ impl Stream {
             sqe_avail: 0,
             cq_armed: false,
             unack_cqe: 0,
+            aborted: false,
         }
     }
 
@@ -728,6 +732,7 @@ impl Stream {
                         });
                         self.state = ERROR;
                         self.err = libc::EIO;
+                        self.aborted = true;
                     }
                 }
             }
@@ -792,6 +797,7 @@ impl Stream {
                     {
                         crate::debug(|| "rsocket: the peer disconnected".into());
                         self.state = DISCONNECTED;
+                        self.aborted = true;
                         return;
                     }
                 }
@@ -1223,6 +1229,16 @@ pub fn recv(rs: &RSocket, buf: *mut u8, len: usize, flags: c_int) -> Result<usiz
         if !(left > 0 && flags & libc::MSG_WAITALL != 0 && g.state & READABLE != 0) {
             break;
         }
+    }
+    if left == len && len > 0 && last_err.is_none() && flags & libc::MSG_PEEK == 0 {
+        // End of stream. rrecv returns 0, and errno says why: programs
+        // such as rstream retry a 0 while errno still holds an EAGAIN of
+        // an earlier call, and would spin for ever on a peer that is gone.
+        crate::set_errno(if g.aborted {
+            libc::ECONNRESET
+        } else {
+            libc::ENOTCONN
+        });
     }
     drop(g);
     match last_err {

@@ -62,9 +62,22 @@ fn fresh(lib: &Path, crate_dir: &Path) {
         lib.display()
     );
     let built = std::fs::metadata(lib).and_then(|m| m.modified()).unwrap();
-    let newer: Vec<PathBuf> = std::fs::read_dir(crate_dir.join("src"))
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
+    let mut sources = Vec::new();
+    let mut dirs = vec![crate_dir.join("src")];
+    while let Some(d) = dirs.pop() {
+        for p in std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+        {
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                sources.push(p);
+            }
+        }
+    }
+    let newer: Vec<PathBuf> = sources
+        .into_iter()
         .chain([crate_dir.join("exports.txt"), crate_dir.join("layout.txt")])
         .filter(|p| {
             std::fs::metadata(p)
