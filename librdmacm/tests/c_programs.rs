@@ -104,7 +104,7 @@ fn vanished_peer_is_unreachable_not_a_hang() {
     let d = Daemon::start("unreachable", "rxe0=127.0.98.2");
     let child = d
         .command(exe.to_str().unwrap())
-        .args(["unreachable", "127.0.98.3", "7101"])
+        .args(["unreachable", "127.0.98.2", "127.0.98.3", "7101"])
         .spawn()
         .unwrap();
     let (out, timed_out) = wait_limited(child, Duration::from_secs(200));

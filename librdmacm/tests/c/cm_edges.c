@@ -7,8 +7,8 @@
  *                                reject), the server's private data, and the
  *                                QP moved to ERR; and EAGAIN from a
  *                                non-blocking channel with nothing waiting
- *   cm_edges unreachable ADDR PORT
- *                                connect to an address no CM answers on;
+ *   cm_edges unreachable SRC ADDR PORT
+ *                                connect from SRC to an address no CM answers on;
  *                                expect RDMA_CM_EVENT_UNREACHABLE, status -110
  *   cm_edges nodaemon            rdma_create_event_channel fails with ENODEV;
  *                                rdma_event_str; a stream rsocket fails with
@@ -106,13 +106,15 @@ static void server(const char *ip, const char *port)
 }
 
 /* Resolve, route and connect with a QP whose CQs the library makes. */
-static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, const char *ip, const char *port)
+static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, const char *src,
+				      const char *ip, const char *port)
 {
 	struct rdma_cm_id *id;
 	struct sockaddr_in a = addr_of(ip, port);
+	struct sockaddr_in s = addr_of(src ? src : "0.0.0.0", "0");
 	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
 		fail("rdma_create_id", errno);
-	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000))
+	if (rdma_resolve_addr(id, src ? (struct sockaddr *)&s : NULL, (struct sockaddr *)&a, 2000))
 		fail("rdma_resolve_addr", errno);
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
 	if (!id->verbs)
@@ -152,7 +154,7 @@ static void client(const char *ip, const char *port)
 		fail("non-blocking rdma_get_cm_event did not fail with EAGAIN", errno);
 	fcntl(ch->fd, F_SETFL, fl);
 
-	struct rdma_cm_id *id = connect_to(ch, ip, port);
+	struct rdma_cm_id *id = connect_to(ch, NULL, ip, port);
 	ev = expect(ch, RDMA_CM_EVENT_REJECTED);
 	if (ev->status != 28) {
 		printf("FAIL: REJECTED status %d, expected 28 (consumer reject)\n", ev->status);
@@ -172,13 +174,13 @@ static void client(const char *ip, const char *port)
 	printf("OK rejected status=28 private_data=\"go away!\"\n");
 }
 
-static void unreachable(const char *ip, const char *port)
+static void unreachable(const char *src, const char *ip, const char *port)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	if (!ch)
 		fail("rdma_create_event_channel", errno);
 	double t0 = now();
-	struct rdma_cm_id *id = connect_to(ch, ip, port);
+	struct rdma_cm_id *id = connect_to(ch, src, ip, port);
 	struct rdma_cm_event *ev = expect(ch, RDMA_CM_EVENT_UNREACHABLE);
 	if (ev->status != -ETIMEDOUT) {
 		printf("FAIL: UNREACHABLE status %d, expected %d\n", ev->status, -ETIMEDOUT);
@@ -221,9 +223,10 @@ int main(int argc, char **argv)
 		server(argv[2], argv[3]);
 	else if (argc == 4 && !strcmp(argv[1], "client"))
 		client(argv[2], argv[3]);
-	else if (argc == 4 && !strcmp(argv[1], "unreachable"))
-		unreachable(argv[2], argv[3]);
+	else if (argc == 5 && !strcmp(argv[1], "unreachable"))
+		unreachable(argv[2], argv[3], argv[4]);
 	else
-		fail("usage: cm_edges server|client|unreachable ADDR PORT | nodaemon", EINVAL);
+		fail("usage: cm_edges server|client ADDR PORT | unreachable SRC ADDR PORT | nodaemon",
+		     EINVAL);
 	return 0;
 }
