@@ -13,7 +13,7 @@
 //! ```text
 //! CHANNEL                                  -> OK chan=3           (+ SCM_RIGHTS: the event socket)
 //! CREATE chan=3 ps=262 qp_type=2           -> OK id=17
-//! BIND id=17 addr=0.0.0.0 port=7174        -> OK addr=0.0.0.0 port=7174 [device=rxe0]
+//! BIND id=17 addr=0.0.0.0 port=7174        -> OK src=0.0.0.0 sport=7174 [device=rxe0]
 //! RESOLVE_ADDR id=17 dst=10.0.0.2 dport=7174 [src=.. sport=..] timeout_ms=2000 -> OK
 //! ...
 //!                                          -> ERR errno=98 port 7174 is in use
@@ -94,7 +94,9 @@ pub struct ConnParam {
     pub srq: bool,
     /// QPN (the sender's own QP; for events the remote QP).
     pub qp_num: u32,
-    /// Starting PSN of the sender's send queue.
+    /// The starting PSN of the REQ or REP (kernel cm's convention: the
+    /// PSN the sender's receive queue expects first, which the peer's
+    /// send queue starts at).
     pub psn: u32,
     /// UD Q_Key.
     pub qkey: u32,
@@ -123,7 +125,7 @@ pub enum Request {
         /// The id.
         id: u64,
     },
-    /// `rdma_bind_addr`: `OK addr= port= [device=]`.
+    /// `rdma_bind_addr`: `OK src= sport= [device=]`.
     Bind {
         /// The id.
         id: u64,
@@ -150,7 +152,7 @@ pub enum Request {
         /// Timeout.
         timeout_ms: u32,
     },
-    /// `rdma_listen`: `OK addr= port= [device=]`.
+    /// `rdma_listen`: `OK src= sport= [device=]`.
     Listen {
         /// The id.
         id: u64,
