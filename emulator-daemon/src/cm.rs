@@ -112,8 +112,14 @@ struct Id {
     ps: PortSpace,
     qp_type: u32,
     state: St,
-    /// Bound address and port (holds the port while `Some`).
+    /// Bound address and port (holds the port while `Some`, unless
+    /// `child`).
     src: Option<(IpAddr, u16)>,
+    /// Made by a connection request: it shares its listener's address
+    /// but owns no port (kernel rdma_cm puts only bound ids on a port's
+    /// bind list), so the port can be bound again once the listener is
+    /// gone, as perftest's `-R` server does.
+    child: bool,
     dst: Option<(IpAddr, u16)>,
     /// Index into the service's devices, by name.
     device: Option<String>,
@@ -415,7 +421,7 @@ impl CmService {
             let Some((caddr, cport)) = cur.src else {
                 continue;
             };
-            if *k == who || cur.ps != ps || cport != port {
+            if *k == who || cur.child || cur.ps != ps || cport != port {
                 continue;
             }
             if reuseaddr && cur.reuseaddr && cur.state != St::Listen {
@@ -562,6 +568,7 @@ impl CmService {
                         qp_type,
                         state: St::Idle,
                         src: None,
+                        child: false,
                         dst: None,
                         device: None,
                         reuseaddr: false,
@@ -1281,6 +1288,7 @@ impl CmService {
                 qp_type,
                 state: St::ReqRcvd,
                 src: Some(local),
+                child: true,
                 dst: Some((hdr.src, hdr.src_port)),
                 device: Some(self.devices[d].name.clone()),
                 reuseaddr: false,
@@ -1543,6 +1551,45 @@ mod tests {
         n.advance(Duration::from_secs(10));
         assert_eq!(n.events('a')[0].event, event::TIMEWAIT_EXIT);
         assert_eq!(n.events('b')[0].event, event::TIMEWAIT_EXIT);
+    }
+
+    #[test]
+    fn an_accepted_child_owns_no_port() {
+        // perftest -R: the server's first listener accepts, goes away, and
+        // a second listener binds the same port while the child lives.
+        let mut n = Net::new();
+        let (l, c) = n.ready(0x106, 18515);
+        n.req(
+            'a',
+            1,
+            Request::Connect {
+                id: c,
+                param: param(0x10011, b""),
+            },
+        )
+        .unwrap();
+        let child = n.events('b')[0].id;
+        n.req(
+            'b',
+            1,
+            Request::Accept {
+                id: child,
+                param: param(0x20011, b""),
+            },
+        )
+        .unwrap();
+        n.req('b', 1, Request::Destroy { id: l }).unwrap();
+        let l2 = n.id('b', 0x106);
+        n.req(
+            'b',
+            1,
+            Request::Bind {
+                id: l2,
+                addr: ip("0.0.0.0"),
+                port: 18515,
+            },
+        )
+        .unwrap();
     }
 
     #[test]
