@@ -53,10 +53,14 @@ pub enum CmTool {
     /// `rdma_server` / `rdma_client`: the `rdma_getaddrinfo` and
     /// `rdma_create_ep` API, one SEND each way.
     RdmaServer,
-    /// perftest `ib_send_bw -R`.
+    /// perftest `ib_send_bw -R`: parameters exchanged over one rdma_cm
+    /// connection, then the test QP connected by rdma_cm on a second one.
     SendBw,
     /// perftest `ib_write_lat -R`.
     WriteLat,
+    /// perftest `ib_send_bw -z`: parameters exchanged over an rdma_cm
+    /// connection, the test QP connected with them by hand.
+    SendBwComm,
 }
 
 /// The CM messages a capture holds, in order.
@@ -161,7 +165,9 @@ impl CmTool {
             CmTool::Ucmatose => vec!["ucmatose", "-b", bind, "-p", &p, "-c", &c],
             CmTool::Udaddy => vec!["udaddy", "-b", bind, "-c", &c],
             CmTool::RdmaServer => vec!["rdma_server", "-s", bind, "-p", &p],
-            CmTool::SendBw | CmTool::WriteLat => return self.perftest(port, None),
+            CmTool::SendBw | CmTool::WriteLat | CmTool::SendBwComm => {
+                return self.perftest(port, None)
+            }
         };
         v.into_iter().map(String::from).collect()
     }
@@ -177,21 +183,26 @@ impl CmTool {
             CmTool::Ucmatose => vec!["ucmatose", "-s", server, "-p", &p, "-c", &c],
             CmTool::Udaddy => vec!["udaddy", "-s", server, "-c", &c],
             CmTool::RdmaServer => vec!["rdma_client", "-s", server, "-p", &p],
-            CmTool::SendBw | CmTool::WriteLat => return self.perftest(port, Some(server)),
+            CmTool::SendBw | CmTool::WriteLat | CmTool::SendBwComm => {
+                return self.perftest(port, Some(server))
+            }
         };
         v.into_iter().map(String::from).collect()
     }
 
     /// perftest with `-R` (connect with rdma_cm, exchange parameters over
-    /// it too), `-F` (no CPU frequency check in a VM).
+    /// it too) or `-z` (exchange only), `-F` (no CPU frequency check in a
+    /// VM).
     fn perftest(self, port: u16, server: Option<&str>) -> Vec<String> {
-        let (tool, size, iters) = match self {
-            CmTool::SendBw => ("ib_send_bw", PERF_SIZE, PERF_BW_ITERS),
-            _ => ("ib_write_lat", PERF_LAT_SIZE, PERF_LAT_ITERS),
+        let (tool, size, iters) = self.perf();
+        let mode = if self == CmTool::SendBwComm {
+            "-z"
+        } else {
+            "-R"
         };
         let mut v: Vec<String> = [
             tool,
-            "-R",
+            mode,
             "-d",
             "rxe0",
             "-F",
@@ -209,11 +220,32 @@ impl CmTool {
         v
     }
 
+    /// perftest's program, message size and iterations.
+    fn perf(self) -> (&'static str, usize, u32) {
+        match self {
+            CmTool::WriteLat => ("ib_write_lat", PERF_LAT_SIZE, PERF_LAT_ITERS),
+            _ => ("ib_send_bw", PERF_SIZE, PERF_BW_ITERS),
+        }
+    }
+
+    /// Whether this tool runs with the kernel as client only. perftest
+    /// 4.5's `-R` client (Debian 12) connects its test QP as soon as the
+    /// parameter exchange ends, while the server only then creates its
+    /// second listener, and it does not retry (later perftest retries 10
+    /// times, 100 ms apart). Our client resolves and connects within a
+    /// millisecond, before the guest's server listens under TCG, and
+    /// kernel cm rightly rejects the REQ (no listener: reason 8). So `-R`
+    /// runs with the kernel as client only, and `-z` (one rdma_cm
+    /// connection) both ways.
+    pub fn emu_server_only(self) -> bool {
+        matches!(self, CmTool::SendBw | CmTool::WriteLat)
+    }
+
     /// Messages moved, for the table (`bytes` column).
     pub fn bytes(self) -> u64 {
         match self {
             CmTool::Rping => (RPING_COUNT as usize * RPING_SIZE * 2) as u64,
-            CmTool::SendBw => (PERF_SIZE as u64) * u64::from(PERF_BW_ITERS),
+            CmTool::SendBw | CmTool::SendBwComm => (PERF_SIZE as u64) * u64::from(PERF_BW_ITERS),
             CmTool::WriteLat => (PERF_LAT_SIZE as u64) * u64::from(PERF_LAT_ITERS) * 2,
             _ => 0,
         }
@@ -263,11 +295,8 @@ impl CmTool {
                 let who = if server { "rdma_server" } else { "rdma_client" };
                 want.push(format!("{who}: end 0"));
             }
-            CmTool::SendBw | CmTool::WriteLat => {
-                let (size, iters) = match self {
-                    CmTool::SendBw => (PERF_SIZE, PERF_BW_ITERS),
-                    _ => (PERF_LAT_SIZE, PERF_LAT_ITERS),
-                };
+            CmTool::SendBw | CmTool::WriteLat | CmTool::SendBwComm => {
+                let (_, size, iters) = self.perf();
                 // the result line: " 4096       200   ..."
                 let found = out.lines().any(|l| {
                     let mut w = l.split_whitespace();
@@ -281,6 +310,16 @@ impl CmTool {
                 if !out.contains("Data ex. method : rdma_cm") {
                     why.push(format!(
                         "{side} did not exchange its parameters over rdma_cm"
+                    ));
+                }
+                let qps = out
+                    .lines()
+                    .find(|l| l.trim_start().starts_with("rdma_cm QPs"))
+                    .is_some_and(|l| l.trim_end().ends_with("ON"));
+                if qps != (self != CmTool::SendBwComm) {
+                    why.push(format!(
+                        "{side}: \"rdma_cm QPs\" is not {}",
+                        if qps { "OFF" } else { "ON" }
                     ));
                 }
             }
@@ -306,7 +345,7 @@ impl CmTool {
                 "RC_RDMA_WRITE_ONLY",
             ],
             CmTool::Ucmatose | CmTool::RdmaServer => &["RC_SEND_ONLY"],
-            CmTool::SendBw => &["RC_SEND_FIRST", "RC_SEND_LAST"],
+            CmTool::SendBw | CmTool::SendBwComm => &["RC_SEND_FIRST", "RC_SEND_LAST"],
             CmTool::WriteLat => &["RC_RDMA_WRITE_ONLY"],
             CmTool::Udaddy => &["UD_SEND_ONLY"],
         };
@@ -317,7 +356,10 @@ impl CmTool {
             .collect();
         let foreign: Vec<&String> = opcodes
             .keys()
-            .filter(|k| !(k.as_str() == "UD_SEND_ONLY" || (!self.ud() && k.starts_with("RC_"))))
+            .filter(|k| {
+                let own = if self.ud() { "UD_" } else { "RC_" };
+                !(k.as_str() == "UD_SEND_ONLY" || k.starts_with(own))
+            })
             .collect();
         if !foreign.is_empty() {
             why.push(format!("opcodes of another transport: {foreign:?}"));
@@ -340,6 +382,8 @@ impl CmTool {
         };
         let conns = match self {
             CmTool::Ucmatose | CmTool::Udaddy => CONNECTIONS,
+            // the parameter exchange, then the test QP
+            CmTool::SendBw | CmTool::WriteLat => 2,
             _ => 1,
         };
         // (message, sender, at least): retransmissions may add more
@@ -475,6 +519,10 @@ mod tests {
             CmTool::WriteLat.server_cmd(HOST, 5).join(" "),
             "ib_write_lat -R -d rxe0 -F -p 5 -s 64 -n 100"
         );
+        assert_eq!(
+            CmTool::SendBwComm.server_cmd(HOST, 5).join(" "),
+            "ib_send_bw -z -d rxe0 -F -p 5 -s 4096 -n 200"
+        );
     }
 
     #[test]
@@ -522,7 +570,7 @@ mod tests {
                 .len(),
             1
         );
-        let bw = " Data ex. method : rdma_cm\n #bytes     #iterations    BW peak[MB/sec]\n 4096       200              9.49               2.11   \t\t   0.000540\n";
+        let bw = " rdma_cm QPs\t : ON\n Data ex. method : rdma_cm\n #bytes     #iterations    BW peak[MB/sec]\n 4096       200              9.49               2.11   \t\t   0.000540\n";
         assert!(CmTool::SendBw.check_side("k", Some(0), bw, true).is_empty());
         assert_eq!(
             CmTool::SendBw
@@ -531,6 +579,14 @@ mod tests {
             1
         );
         assert_eq!(CmTool::SendBw.check_side("k", None, bw, true).len(), 1);
+        assert_eq!(
+            CmTool::SendBwComm.check_side("k", Some(0), bw, true).len(),
+            1
+        );
+        let z = bw.replace(": ON", ": OFF");
+        assert!(CmTool::SendBwComm
+            .check_side("k", Some(0), &z, true)
+            .is_empty());
     }
 
     fn mad(src: &str, a: u16, sid: Option<u64>) -> MadSeen {
@@ -590,8 +646,9 @@ mod tests {
         assert!(CmTool::Rping.check_opcodes(&rp).is_empty());
         assert_eq!(CmTool::SendBw.check_opcodes(&rp).len(), 2);
         assert_eq!(CmTool::Udaddy.check_opcodes(&rp).len(), 1);
+        // udaddy sends with immediate data
         assert!(CmTool::Udaddy
-            .check_opcodes(&ops(&["UD_SEND_ONLY"]))
+            .check_opcodes(&ops(&["UD_SEND_ONLY", "UD_SEND_ONLY_WITH_IMMEDIATE"]))
             .is_empty());
         assert_eq!(
             CmTool::Ucmatose

@@ -82,7 +82,7 @@ fn parse_opts() -> Opts {
 fn selected(pattern: Option<&str>) -> Vec<(Scenario, Direction)> {
     scenario::all()
         .into_iter()
-        .flat_map(|s| [Direction::EmuServer, Direction::KernelServer].map(|d| (s.clone(), d)))
+        .flat_map(|s| s.directions().iter().map(move |&d| (s.clone(), d)))
         .filter(|(s, d)| pattern.is_none_or(|p| format!("{} {d}", s.name).contains(p)))
         .collect()
 }

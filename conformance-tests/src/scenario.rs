@@ -319,6 +319,15 @@ impl Scenario {
         self.peer.is_some() || self.dropin || self.cm.is_some()
     }
 
+    /// The directions this scenario runs in (see `CmTool::emu_server_only`).
+    pub fn directions(&self) -> &'static [Direction] {
+        if self.cm.is_some_and(CmTool::emu_server_only) {
+            &[Direction::EmuServer]
+        } else {
+            &[Direction::EmuServer, Direction::KernelServer]
+        }
+    }
+
     /// Our side runs a Debian program found on PATH (not one of ours).
     pub fn debian_on_host(&self) -> bool {
         self.dropin || self.cm.is_some()
@@ -366,6 +375,7 @@ pub fn all() -> Vec<Scenario> {
         Scenario::cm("cm-rdma-server", CmTool::RdmaServer),
         Scenario::cm("cm-send-bw", CmTool::SendBw),
         Scenario::cm("cm-write-lat", CmTool::WriteLat),
+        Scenario::cm("cm-send-bw-z", CmTool::SendBwComm),
     ]);
     let mut loss = Scenario::new("rc-loss5-16384", Rc, 16384, 30);
     loss.loss_pct = 5;
