@@ -724,6 +724,18 @@ fn main() {
     let runs = selected(o.pattern.as_deref());
     if o.list {
         for (s, d) in &runs {
+            if s.cm.is_some() {
+                // the port is the run's own; 0 here
+                println!(
+                    "{:<18} {:<14} host: {} {}; guest: {}",
+                    s.name,
+                    d.to_string(),
+                    s.emu_bin(*d),
+                    s.emu_args(*d, 0).join(" "),
+                    s.kernel_cmd(*d, 0)
+                );
+                continue;
+            }
             println!(
                 "{:<18} {:<14} {:?} size {} x{} path MTU {} link MTU {}{}",
                 s.name,
