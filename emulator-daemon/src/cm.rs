@@ -40,6 +40,9 @@ use crate::cmproto::{event, Addrs, CmErr, CmEvent, ConnParam, Request};
 /// (kernel `RDMA_UDP_QKEY`).
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 
+/// The service timeout of rdma_cm's MRAs (kernel `CMA_CM_MRA_SETTING`
+/// without its delay flag: 24, about 69 s).
+const CMA_CM_MRA_TIMEOUT: u8 = 24;
 /// `enum ibv_qp_type`: RC.
 const QPT_RC: u32 = 2;
 /// `enum ibv_qp_type`: UD.
@@ -1136,6 +1139,9 @@ impl CmService {
                 if let Some(i) = self.ids.get_mut(&id) {
                     i.state = St::RepRcvd;
                 }
+                // As kernel cma_ib_handler: a delayed MRA, sent only if
+                // the REP comes again before the process answers.
+                let _ = self.devices[d].ep.send_mra(c, CMA_CM_MRA_TIMEOUT, true);
                 let p = ConnParam {
                     private_data: rep.private_data.to_vec(),
                     responder_resources: rep.responder_resources,
@@ -1299,6 +1305,11 @@ impl CmService {
             },
         );
         self.conns.insert((self.devices[d].name.clone(), c.0), id);
+        if !ud {
+            // As kernel cma_ib_req_handler: a delayed MRA, so a REQ that
+            // comes again while the process decides is told to wait.
+            let _ = self.devices[d].ep.send_mra(c, CMA_CM_MRA_TIMEOUT, true);
+        }
         let consumer = pd.get(cma::HEADER_LEN..).unwrap_or(&[]);
         let p = param(consumer);
         self.emit_full(id, event::CONNECT_REQUEST, 0, Some(p), Some(lid), None);
@@ -1827,6 +1838,38 @@ mod tests {
         // B's destroyed connection sent a DREQ: A is disconnected.
         assert_eq!(n.events('a')[0].event, event::DISCONNECTED);
         assert!(n.b.ids.is_empty() && n.b.chans.is_empty());
+    }
+
+    #[test]
+    fn a_slow_accept_is_covered_by_an_mra() {
+        let mut n = Net::new();
+        let (_, c) = n.ready(0x106, 7004);
+        n.req(
+            'a',
+            1,
+            Request::Connect {
+                id: c,
+                param: param(9, b""),
+            },
+        )
+        .unwrap();
+        let child = n.events('b')[0].id;
+        // The process takes 250 s to decide: longer than 16 REQs wait
+        // (16 x 6144 ms), but the repeated REQ gets the delayed MRA.
+        for _ in 0..50 {
+            n.advance(Duration::from_secs(5));
+        }
+        assert!(n.events('a').is_empty(), "still waiting");
+        n.req(
+            'b',
+            1,
+            Request::Accept {
+                id: child,
+                param: param(10, b""),
+            },
+        )
+        .unwrap();
+        assert_eq!(n.events('a')[0].event, event::CONNECT_RESPONSE);
     }
 
     #[test]

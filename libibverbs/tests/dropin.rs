@@ -277,3 +277,50 @@ fn rust_rc_pingpong_talks_to_debians_ibv_rc_pingpong_on_the_dropin() {
         assert!(ours.contains("50 received messages checked"), "{ours}");
     }
 }
+
+/// `rxe-emu exec --sysfs`: the program sees /sys/class/infiniband/rxe0 with
+/// its netdev, as on kernel rxe (rdma-core's Python tests look there).
+#[test]
+fn rxe_emu_exec_sysfs_shows_the_device_and_its_netdev() {
+    let _s = serial();
+    let cli = common::profile_dir().join("rxe-emu");
+    let socket = common::scratch_dir("exec-sysfs").join("rxe-emud.sock");
+    let had_rxe0 = std::path::Path::new("/sys/class/infiniband/rxe0").exists();
+    let run = |args: &[&str]| {
+        std::process::Command::new(&cli)
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "exec",
+        "--device",
+        "rxe0=127.0.97.2",
+        "--sysfs",
+        "--",
+        "sh",
+        "-c",
+        "ls /sys/class/infiniband/rxe0/device/net; cat /sys/class/infiniband/rxe0/ports/1/state /sys/class/infiniband/rxe0/node_type; ls /sys/class/net",
+    ]);
+    let stop = run(&["stop"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && err.contains("unshare") {
+        eprintln!("skipped: no mount namespaces here ({err})");
+        return;
+    }
+    assert!(out.status.success(), "{text}{err}");
+    assert!(stop.status.success());
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[..3], ["lo", "4: ACTIVE", "1: CA"], "{text}");
+    // The rest of /sys/class is still there.
+    assert!(lines[3..].contains(&"lo"), "{text}");
+    // Outside, nothing changed.
+    assert_eq!(
+        std::path::Path::new("/sys/class/infiniband/rxe0").exists(),
+        had_rxe0
+    );
+}

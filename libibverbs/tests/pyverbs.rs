@@ -158,3 +158,82 @@ fn rdma_core_test_suite_passes_on_rxe0() {
     assert!(passed.len() >= 132, "only {} passed:\n{log}", passed.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The RDMA CM tests of rdma-core's suite (`test_rdmacm.py`): both
+/// processes of each test find rxe0's address through
+/// `/sys/class/infiniband/rxe0/device/net/` (given by `rxe-emu exec
+/// --sysfs`) and connect through our librdmacm. They run in a network
+/// namespace of their own, where rxe0 is on `lo`'s only address,
+/// 127.0.0.1, the address the suite picks.
+#[test]
+fn rdma_core_rdmacm_tests_pass_on_rxe0() {
+    if !have_file(SUITE, "python3-pyverbs")
+        || !have_program("python3", "python3")
+        || !have_root("network namespaces")
+    {
+        return;
+    }
+    let lib = profile_dir().join("librdmacm.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: cargo build --release --workspace",
+        lib.display()
+    );
+    let _s = serial();
+    let dir = scratch_dir("pyverbs-cm");
+    unpack(&dir);
+    let ns = format!("rxe-pycm-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let st = Command::new("ip").args(args).status().unwrap();
+        assert!(st.success(), "ip {args:?}");
+    };
+    ip(&["netns", "add", &ns]);
+    ip(&["-n", &ns, "link", "set", "lo", "up"]);
+    let socket = dir.join("rxe-emud.sock");
+    let cli = profile_dir().join("rxe-emu");
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &ns])
+        .arg(&cli)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["exec", "--device", "rxe0=127.0.0.1", "--sysfs", "--"])
+        .args([
+            "/usr/bin/python3",
+            "tests/run_tests.py",
+            "--dev",
+            "rxe0",
+            "-v",
+            "-k",
+            "rdmacm",
+        ])
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("RXE_EMU_MODE")
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let (out, timed_out) = wait_limited(c.spawn().unwrap(), Duration::from_secs(600));
+    let _ = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(&cli)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("stop")
+        .output();
+    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!timed_out, "the rdmacm tests hung:\n{log}");
+    let count = |what: &str| log.lines().filter(|l| l.ends_with(what)).count();
+    let (ok, skipped) = (count("... ok"), count("skipped"));
+    eprintln!("pyverbs rdmacm: {ok} passed, {skipped} lines with skips");
+    assert!(out.status.success(), "test_rdmacm failed:\n{log}");
+    assert!(
+        !log.contains("... ERROR") && !log.contains("... FAIL"),
+        "{log}"
+    );
+    assert!(ok >= 10, "only {ok} passed:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

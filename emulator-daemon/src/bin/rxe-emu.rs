@@ -99,6 +99,11 @@ enum Cmd {
         /// Devices for a daemon this command starts: NAME=ADDR[/MTU].
         #[arg(long = "device", value_name = "NAME=ADDR[/MTU]")]
         devices: Vec<String>,
+        /// Show the daemon's devices in /sys/class/infiniband to CMD (a
+        /// private mount namespace; a user namespace too when not root),
+        /// for tools that look devices up in sysfs.
+        #[arg(long)]
+        sysfs: bool,
         /// The program and its arguments.
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         cmd: Vec<std::ffi::OsString>,
@@ -226,7 +231,12 @@ fn dropin_library() -> Option<PathBuf> {
     .find(|p| p.exists())
 }
 
-fn exec(socket: &std::path::Path, devices: &[String], cmd: &[std::ffi::OsString]) -> ! {
+fn exec(
+    socket: &std::path::Path,
+    devices: &[String],
+    sysfs: bool,
+    cmd: &[std::ffi::OsString],
+) -> ! {
     use std::os::unix::process::CommandExt;
     if emulator_daemon::client::request(socket, "STATUS").is_err() {
         if let Err(e) =
@@ -258,6 +268,11 @@ fn exec(socket: &std::path::Path, devices: &[String], cmd: &[std::ffi::OsString]
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
         path.push(":");
         path.push(old);
+    }
+    if sysfs {
+        let status = emulator_daemon::client::request(socket, "STATUS").unwrap_or_else(|e| die(e));
+        let devs = emulator_daemon::sysfs::devices_of_status(&status);
+        emulator_daemon::sysfs::enter_view(&devs).unwrap_or_else(|e| die(format!("--sysfs: {e}")));
     }
     let err = std::process::Command::new(&cmd[0])
         .args(&cmd[1..])
@@ -400,7 +415,11 @@ fn main() {
             Ok(s) => print!("{s}"),
             Err(e) => die(e),
         },
-        Cmd::Exec { devices, cmd } => exec(&path, &devices, &cmd),
+        Cmd::Exec {
+            devices,
+            sysfs,
+            cmd,
+        } => exec(&path, &devices, sysfs, &cmd),
         Cmd::Start { devices, any_user } => {
             if emulator_daemon::client::request(&path, "STATUS").is_ok() {
                 println!("rxe-emud is already running on {}", path.display());
