@@ -264,6 +264,23 @@ fn exec(
             .and_then(|()| std::fs::rename(&tmp, &link))
             .unwrap_or_else(|e| die(format!("{}: {e}", link.display())));
     }
+    // Our librdmacm.so.1 too, when it was built (or installed) beside
+    // libibverbs: rdma_cm programs then reach rxe-emud's connection manager.
+    let rdmacm = lib.with_file_name(if lib.ends_with("libibverbs.so") {
+        "librdmacm.so"
+    } else {
+        "librdmacm.so.1"
+    });
+    if rdmacm.exists() {
+        let link = dir.join("librdmacm.so.1");
+        if std::fs::read_link(&link).ok().as_deref() != Some(rdmacm.as_path()) {
+            let tmp = dir.join(format!(".librdmacm.so.1.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&rdmacm, &tmp)
+                .and_then(|()| std::fs::rename(&tmp, &link))
+                .unwrap_or_else(|e| die(format!("{}: {e}", link.display())));
+        }
+    }
     let mut path = std::ffi::OsString::from(dir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
         path.push(":");

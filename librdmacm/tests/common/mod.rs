@@ -1,0 +1,256 @@
+//! Helpers for running unmodified rdma-core programs on our librdmacm
+//! and libibverbs: an in-test rxe-emud, a directory holding
+//! `libibverbs.so.1` and `librdmacm.so.1`, and client/server runs with
+//! time limits.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use emulator_daemon::server::{Server, ServerConfig};
+
+/// Whether a missing tool must fail the test (under CI) or skip it.
+fn required() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+fn missing(what: &str, package: &str) -> bool {
+    assert!(
+        !required(),
+        "{what} is missing: CI must install {package} (see .ci/run)"
+    );
+    eprintln!("SKIP: {what} is missing (apt-get install {package}); this test needs it");
+    false
+}
+
+/// `path` exists, or the test is skipped (fails under CI).
+pub fn have_file(path: &str, package: &str) -> bool {
+    Path::new(path).exists() || missing(path, package)
+}
+
+/// `prog` is on PATH, or the test is skipped (fails under CI).
+pub fn have_program(prog: &str, package: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()));
+    found || missing(prog, package)
+}
+
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rxe-rdmacm-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The directory of the test binary's target profile (`target/release`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test>
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// `lib` exists and is not older than the sources under `src` (`cargo
+/// test` does not rebuild a cdylib).
+fn fresh(lib: &Path, crate_dir: &Path) {
+    assert!(
+        lib.exists(),
+        "{} is missing: build the workspace (cargo build --release) first",
+        lib.display()
+    );
+    let built = std::fs::metadata(lib).and_then(|m| m.modified()).unwrap();
+    let newer: Vec<PathBuf> = std::fs::read_dir(crate_dir.join("src"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .chain([crate_dir.join("exports.txt"), crate_dir.join("layout.txt")])
+        .filter(|p| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > built)
+        })
+        .collect();
+    assert!(
+        newer.is_empty(),
+        "{} is older than {newer:?}: run `cargo build --release --workspace` (scripts/test does)",
+        lib.display()
+    );
+}
+
+/// A directory holding `libibverbs.so.1` and `librdmacm.so.1` (links to
+/// the libraries cargo built), for `LD_LIBRARY_PATH`.
+pub fn dropin_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let d = scratch_dir("lib");
+        for (built, soname, src) in [
+            (
+                "libibverbs.so",
+                "libibverbs.so.1",
+                here.join("../libibverbs"),
+            ),
+            ("librdmacm.so", "librdmacm.so.1", here.to_path_buf()),
+        ] {
+            let lib = profile_dir().join(built);
+            fresh(&lib, &src);
+            let link = d.join(soname);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).unwrap();
+        }
+        d
+    })
+    .clone()
+}
+
+/// Programs of different tests would compete for the 2 cores of a CI
+/// machine; run them one test at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An rxe-emud serving one device, in a thread of the test.
+pub struct Daemon {
+    pub socket: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// `device` is `rxe0=ADDR`.
+    pub fn start(tag: &str, device: &str) -> Daemon {
+        let socket = scratch_dir(&format!("d-{tag}")).join("rxe-emud.sock");
+        let server = Server::bind(
+            ServerConfig {
+                socket_path: socket.clone(),
+                devices: vec![device.parse().unwrap()],
+                slots: 8,
+                any_user: false,
+            },
+            false,
+        )
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || server.run(&s2).unwrap());
+        Daemon {
+            socket,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// A command that loads our libraries and finds this daemon.
+    pub fn command(&self, prog: &str) -> Command {
+        let mut c = Command::new(prog);
+        c.env("LD_LIBRARY_PATH", dropin_dir())
+            .env("RXE_EMU_SOCKET", &self.socket)
+            .env("RXE_EMU_AUTOSTART", "0")
+            .env_remove("RXE_EMU_MODE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(d) = self.socket.parent() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Wait for a child, killing it after `limit`.
+pub fn wait_limited(mut child: Child, limit: Duration) -> (Output, bool) {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().unwrap() {
+            Some(_) => return (child.wait_with_output().unwrap(), false),
+            None if start.elapsed() > limit => {
+                let _ = child.kill();
+                return (child.wait_with_output().unwrap(), true);
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Both sides of a client/server run.
+pub struct Run {
+    pub server: Output,
+    pub client: Output,
+    pub timed_out: bool,
+    /// Client attempts (the first ones may come before the server
+    /// listens and be rejected).
+    pub attempts: u32,
+}
+
+impl Run {
+    pub fn text(&self) -> String {
+        format!(
+            "--- server ({:?}):\n{}{}\n--- client ({:?}, attempt {}):\n{}{}",
+            self.server.status,
+            String::from_utf8_lossy(&self.server.stdout),
+            String::from_utf8_lossy(&self.server.stderr),
+            self.client.status,
+            self.attempts,
+            String::from_utf8_lossy(&self.client.stdout),
+            String::from_utf8_lossy(&self.client.stderr)
+        )
+    }
+
+    pub fn ok(&self) -> bool {
+        !self.timed_out && self.server.status.success() && self.client.status.success()
+    }
+
+    pub fn stdout(&self) -> (String, String) {
+        (
+            String::from_utf8_lossy(&self.server.stdout).into_owned(),
+            String::from_utf8_lossy(&self.client.stdout).into_owned(),
+        )
+    }
+}
+
+/// Run `server`, then `client` until it succeeds (a client that comes
+/// before the server listens is rejected and exits at once: it is
+/// started again, for at most 20 s), each within `limit`.
+pub fn client_server(
+    d: &Daemon,
+    server: (&str, &[&str]),
+    client: (&str, &[&str]),
+    limit: Duration,
+) -> Run {
+    let s = d.command(server.0).args(server.1).spawn().unwrap();
+    let start = Instant::now();
+    let mut attempts = 0;
+    let (c, t1) = loop {
+        attempts += 1;
+        std::thread::sleep(Duration::from_millis(200));
+        let child = d.command(client.0).args(client.1).spawn().unwrap();
+        let (out, timed_out) = wait_limited(child, limit);
+        if out.status.success() || timed_out || start.elapsed() > Duration::from_secs(20) {
+            break (out, timed_out);
+        }
+    };
+    let slimit = if c.status.success() {
+        limit
+    } else {
+        Duration::from_secs(3)
+    };
+    let (s, t2) = wait_limited(s, slimit);
+    Run {
+        server: s,
+        client: c,
+        timed_out: t1 || t2,
+        attempts,
+    }
+}
