@@ -233,6 +233,16 @@ pub enum Request {
         /// The group.
         addr: IpAddr,
     },
+    /// Deliver `event` again, on `chan`: `rdma_migrate_id` hands the
+    /// events of the id that were already in the old channel's socket to
+    /// the new one (as the kernel moves them between ucma files), so the
+    /// new channel's fd shows them to `poll`.
+    Requeue {
+        /// The channel.
+        chan: u64,
+        /// The event, as it was received.
+        event: CmEvent,
+    },
 }
 
 /// Parse errors and ERR replies: an errno and words.
@@ -511,6 +521,13 @@ impl Request {
             Request::Leave { id, addr } => {
                 let _ = write!(s, "LEAVE id={id} addr={addr}");
             }
+            Request::Requeue { chan, event } => {
+                let _ = write!(
+                    s,
+                    "REQUEUE chan={chan} ev={}",
+                    hex(event.to_line().as_bytes())
+                );
+            }
         }
         s
     }
@@ -588,6 +605,10 @@ impl Request {
             "LEAVE" => Request::Leave {
                 id: id()?,
                 addr: f.ip("addr")?,
+            },
+            "REQUEUE" => Request::Requeue {
+                chan: f.u64("chan")?,
+                event: CmEvent::parse(&String::from_utf8_lossy(&f.bytes("ev")?))?,
             },
             other => {
                 let shown: String = other.chars().take(30).collect();
@@ -820,6 +841,14 @@ mod tests {
             Request::Leave {
                 id: 3,
                 addr: "224.1.2.3".parse().unwrap(),
+            },
+            Request::Requeue {
+                chan: 4,
+                event: CmEvent {
+                    id: 3,
+                    event: event::DISCONNECTED,
+                    ..CmEvent::default()
+                },
             },
         ];
         for r in all {
