@@ -99,6 +99,13 @@ impl Vm {
             == 0
     }
 
+    /// Whether an rdma_cm id listens on `port` in the guest (kernel
+    /// rdma_cm's ids as `rdma resource show cm_id` lists them).
+    pub fn guest_cm_listening(&self, port: u16) -> bool {
+        let o = self.exec(10, "rdma resource show cm_id");
+        o.rc == 0 && crate::cm::guest_listens(&o.stdout, port)
+    }
+
     /// Set the link MTU of bridge, tap and guest eth0.
     pub fn set_mtu(&self, mtu: u32) -> Out {
         self.run(&["mtu", &mtu.to_string()])

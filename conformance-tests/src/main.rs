@@ -8,6 +8,7 @@
 //! Exit code: 0 every run passed, 1 a run failed, 2 the suite could not
 //! run (no scenario selected, the guest stopped answering, ...).
 
+mod cm;
 mod guest;
 mod peer;
 mod scenario;
@@ -21,6 +22,10 @@ use std::time::{Duration, Instant};
 
 use guest::{Capture, Job, Proc, Vm};
 use scenario::{Direction, Scenario, SideResult};
+
+/// How long an `emu-server` CM run gives our server to reach
+/// `rdma_listen` before the guest's client connects (see `Ctx::run`).
+const CM_SETTLE: Duration = Duration::from_millis(1000);
 
 struct Opts {
     out: PathBuf,
@@ -77,7 +82,7 @@ fn parse_opts() -> Opts {
 fn selected(pattern: Option<&str>) -> Vec<(Scenario, Direction)> {
     scenario::all()
         .into_iter()
-        .flat_map(|s| [Direction::EmuServer, Direction::KernelServer].map(|d| (s.clone(), d)))
+        .flat_map(|s| s.directions().iter().map(move |&d| (s.clone(), d)))
         .filter(|(s, d)| pattern.is_none_or(|p| format!("{} {d}", s.name).contains(p)))
         .collect()
 }
@@ -277,11 +282,11 @@ impl Ctx {
         }
         let before = self.counters()?;
         let kcmd = s.kernel_cmd(dir, port);
-        let emu_bin = if s.dropin {
-            // Debian's ibverbs-utils on the host, found on PATH
-            PathBuf::from(s.emu_bin())
+        let emu_bin = if s.debian_on_host() {
+            // Debian's ibverbs-utils, rdmacm-utils, perftest, found on PATH
+            PathBuf::from(s.emu_bin(dir))
         } else {
-            self.o.bin_dir.join(s.emu_bin())
+            self.o.bin_dir.join(s.emu_bin(dir))
         };
         let eargs = s.emu_args(dir, port);
         let _ = std::fs::write(
@@ -306,6 +311,10 @@ impl Ctx {
                     .env("RXE_EMU_SOCKET", self.emud_socket())
                     .env("RXE_EMU_MODE", "daemon")
                     .env("RXE_EMU_AUTOSTART", "0");
+                if s.cm.is_some() {
+                    // librdmacm says why a call failed, into emu.log
+                    c.env("RXE_EMU_DEBUG", "1");
+                }
             }
             Proc::spawn(c, &file("emu.log"))
         };
@@ -320,7 +329,16 @@ impl Ctx {
             Direction::EmuServer => match spawn_emu() {
                 Ok(mut p) => {
                     let w = Instant::now();
-                    while !self.vm.host_listening(port) {
+                    // An rdma_cm listener has no socket to see: give our
+                    // server CM_SETTLE to reach rdma_listen (it binds and
+                    // listens within milliseconds of starting); a kernel
+                    // client that comes too early is rejected, which the
+                    // CM check reports.
+                    let listening = |vm: &Vm| match s.cm {
+                        Some(_) => w.elapsed() >= CM_SETTLE,
+                        None => vm.host_listening(port),
+                    };
+                    while !listening(&self.vm) {
                         if let Some(rc) = p.poll() {
                             emu_rc = Some(rc);
                             break;
@@ -364,7 +382,11 @@ impl Ctx {
                     // Debian's pingpong tries to connect once: wait until
                     // the guest's server listens
                     let w = Instant::now();
-                    while s.dropin && !self.vm.guest_listening(port) {
+                    let listening = |vm: &Vm| match s.cm {
+                        Some(t) => vm.guest_cm_listening(t.port(port)),
+                        None => vm.guest_listening(port),
+                    };
+                    while s.debian_on_host() && !listening(&self.vm) {
                         if matches!(self.vm.bgstat(&job), Some(Job::Exited(_)) | None)
                             || w.elapsed() > Duration::from_secs(15)
                         {
@@ -559,6 +581,24 @@ impl Ctx {
             }
             Err(e) => return Err(Infra(format!("cannot run rxe-emu pcap check: {e}"))),
         }
+        if let Some(t) = s.cm {
+            // the CM exchange itself, message by message
+            let (server, client) = match dir {
+                Direction::EmuServer => (scenario::HOST_IP, scenario::GUEST_IP),
+                Direction::KernelServer => (scenario::GUEST_IP, scenario::HOST_IP),
+            };
+            let pcap = std::fs::read(file("pcap")).unwrap_or_default();
+            match cm::cm_mads(&pcap) {
+                Ok(m) => {
+                    let (sv, cl) = (server.parse(), client.parse());
+                    if let (Ok(sv), Ok(cl)) = (sv, cl) {
+                        failures.extend(t.check_mads(&m, sv, cl, t.port(port)));
+                    }
+                    notes.push(cm::summary(&m));
+                }
+                Err(e) => failures.push(format!("CM MADs: {e}")),
+            }
+        }
         Ok(Outcome {
             name: s.name.clone(),
             dir,
@@ -684,6 +724,18 @@ fn main() {
     let runs = selected(o.pattern.as_deref());
     if o.list {
         for (s, d) in &runs {
+            if s.cm.is_some() {
+                // the port is the run's own; 0 here
+                println!(
+                    "{:<18} {:<14} host: {} {}; guest: {}",
+                    s.name,
+                    d.to_string(),
+                    s.emu_bin(*d),
+                    s.emu_args(*d, 0).join(" "),
+                    s.kernel_cmd(*d, 0)
+                );
+                continue;
+            }
             println!(
                 "{:<18} {:<14} {:?} size {} x{} path MTU {} link MTU {}{}",
                 s.name,
@@ -731,18 +783,28 @@ fn main() {
         script: o.vm.clone(),
         netns,
     };
-    for (s, _) in runs.iter().filter(|(s, _)| s.dropin) {
-        let tool = s.emu_bin();
+    for (s, d) in runs.iter().filter(|(s, _)| s.debian_on_host()) {
+        let tool = s.emu_bin(*d);
         let on_path = std::env::var_os("PATH")
             .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(&tool).is_file()));
         if !on_path {
-            eprintln!("rxe-conformance: {tool} is not on PATH (apt-get install ibverbs-utils)");
+            eprintln!(
+                "rxe-conformance: {tool} is not on PATH (apt-get install ibverbs-utils rdmacm-utils perftest)"
+            );
             exit(2);
         }
     }
     if runs.iter().any(|(s, _)| s.needs_daemon()) {
-        for b in ["rxe-interop-peer", "rxe-emud", "libibverbs.so"] {
+        for b in [
+            "rxe-interop-peer",
+            "rxe-emud",
+            "libibverbs.so",
+            "librdmacm.so",
+        ] {
             if b == "rxe-interop-peer" && !runs.iter().any(|(s, _)| s.peer.is_some()) {
+                continue;
+            }
+            if b == "librdmacm.so" && !runs.iter().any(|(s, _)| s.cm.is_some()) {
                 continue;
             }
             if !o.bin_dir.join(b).is_file() {
@@ -754,14 +816,22 @@ fn main() {
             }
         }
         // what LD_LIBRARY_PATH points our side's rxe-interop-peer and
-        // Debian's pingpongs at
+        // Debian's pingpongs and RDMA CM programs at
         let lib = o.out.join("lib");
-        let link = lib.join("libibverbs.so.1");
         let _ = std::fs::create_dir_all(&lib);
-        let _ = std::fs::remove_file(&link);
-        if let Err(e) = std::os::unix::fs::symlink(o.bin_dir.join("libibverbs.so"), &link) {
-            eprintln!("rxe-conformance: {}: {e}", link.display());
-            exit(2);
+        for (so, soname) in [
+            ("libibverbs.so", "libibverbs.so.1"),
+            ("librdmacm.so", "librdmacm.so.1"),
+        ] {
+            if !o.bin_dir.join(so).is_file() {
+                continue;
+            }
+            let link = lib.join(soname);
+            let _ = std::fs::remove_file(&link);
+            if let Err(e) = std::os::unix::fs::symlink(o.bin_dir.join(so), &link) {
+                eprintln!("rxe-conformance: {}: {e}", link.display());
+                exit(2);
+            }
         }
     }
     let mut ctx = Ctx {

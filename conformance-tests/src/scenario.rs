@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::cm::CmTool;
 use crate::peer::{self, PeerSpec};
 
 /// The host side's address (the bridge in the namespace).
@@ -94,6 +95,9 @@ pub struct Scenario {
     pub srq: bool,
     /// `-e`: both sides sleep on completion events instead of polling.
     pub events: bool,
+    /// `Some`: Debian's RDMA CM programs on both sides (host: through our
+    /// drop-in `librdmacm.so.1` and `libibverbs.so.1`); see `cm.rs`.
+    pub cm: Option<CmTool>,
 }
 
 impl Scenario {
@@ -110,6 +114,21 @@ impl Scenario {
             dropin: false,
             srq: false,
             events: false,
+            cm: None,
+        }
+    }
+
+    /// Debian's RDMA CM programs on both sides (host: through the drop-in
+    /// librdmacm and libibverbs).
+    fn cm(name: &str, tool: CmTool) -> Self {
+        let transport = if tool.ud() {
+            Transport::Ud
+        } else {
+            Transport::Rc
+        };
+        Scenario {
+            cm: Some(tool),
+            ..Scenario::new(name, transport, 0, 0)
         }
     }
 
@@ -149,6 +168,7 @@ impl Scenario {
             dropin: false,
             srq: false,
             events: false,
+            cm: None,
         }
     }
 
@@ -157,11 +177,22 @@ impl Scenario {
         if let Some(p) = &self.peer {
             return p.bytes();
         }
+        if let Some(t) = self.cm {
+            return t.bytes();
+        }
         self.size as u64 * u64::from(self.iters) * 2
     }
 
     /// The guest command line (rdma-core's tool against kernel rxe).
     pub fn kernel_cmd(&self, dir: Direction, port: u16) -> String {
+        if let Some(t) = self.cm {
+            let port = t.port(port);
+            return match dir {
+                Direction::EmuServer => t.client_cmd(HOST_IP, port),
+                Direction::KernelServer => t.server_cmd(GUEST_IP, port),
+            }
+            .join(" ");
+        }
         if let Some(p) = &self.peer {
             let to = (dir == Direction::EmuServer).then_some(HOST_IP);
             return format!(
@@ -214,6 +245,14 @@ impl Scenario {
 
     /// Our tool's arguments (after the binary).
     pub fn emu_args(&self, dir: Direction, port: u16) -> Vec<String> {
+        if let Some(t) = self.cm {
+            let port = t.port(port);
+            let mut c = match dir {
+                Direction::EmuServer => t.server_cmd(HOST_IP, port),
+                Direction::KernelServer => t.client_cmd(GUEST_IP, port),
+            };
+            return c.split_off(1);
+        }
         if let Some(p) = &self.peer {
             let to = (dir == Direction::KernelServer).then_some(GUEST_IP);
             let mut a = p.args(port, self.path_mtu, None);
@@ -252,9 +291,17 @@ impl Scenario {
         a
     }
 
-    /// Our binary's name (in the build's bin dir), or for `dropin`
-    /// Debian's tool (found on PATH).
-    pub fn emu_bin(&self) -> String {
+    /// Our binary's name (in the build's bin dir), or for `dropin` and
+    /// `cm` Debian's tool (found on PATH); `dir` says whether our side
+    /// serves (rdma_server or rdma_client).
+    pub fn emu_bin(&self, dir: Direction) -> String {
+        if let Some(t) = self.cm {
+            let mut c = match dir {
+                Direction::EmuServer => t.server_cmd(HOST_IP, 0),
+                Direction::KernelServer => t.client_cmd(GUEST_IP, 0),
+            };
+            return c.swap_remove(0);
+        }
         if self.peer.is_some() {
             return "rxe-interop-peer".into();
         }
@@ -269,7 +316,21 @@ impl Scenario {
 
     /// Our side runs through the drop-in `libibverbs.so.1` and rxe-emud.
     pub fn needs_daemon(&self) -> bool {
-        self.peer.is_some() || self.dropin
+        self.peer.is_some() || self.dropin || self.cm.is_some()
+    }
+
+    /// The directions this scenario runs in (see `CmTool::emu_server_only`).
+    pub fn directions(&self) -> &'static [Direction] {
+        if self.cm.is_some_and(CmTool::emu_server_only) {
+            &[Direction::EmuServer]
+        } else {
+            &[Direction::EmuServer, Direction::KernelServer]
+        }
+    }
+
+    /// Our side runs a Debian program found on PATH (not one of ours).
+    pub fn debian_on_host(&self) -> bool {
+        self.dropin || self.cm.is_some()
     }
 }
 
@@ -304,6 +365,17 @@ pub fn all() -> Vec<Scenario> {
         Scenario::dropin("deb-ud-1024-e", Ud, 1024, 100, true),
         Scenario::dropin_srq("deb-srq-1", 1, 50, false),
         Scenario::dropin_srq("deb-srq-65536-e", 65536, 5, true),
+    ]);
+    // Debian's RDMA CM programs on both sides: kernel rdma_cm against the
+    // daemon's CM on QP1 (host: drop-in librdmacm and libibverbs)
+    v.extend([
+        Scenario::cm("cm-rping", CmTool::Rping),
+        Scenario::cm("cm-ucmatose", CmTool::Ucmatose),
+        Scenario::cm("cm-udaddy", CmTool::Udaddy),
+        Scenario::cm("cm-rdma-server", CmTool::RdmaServer),
+        Scenario::cm("cm-send-bw", CmTool::SendBw),
+        Scenario::cm("cm-write-lat", CmTool::WriteLat),
+        Scenario::cm("cm-send-bw-z", CmTool::SendBwComm),
     ]);
     let mut loss = Scenario::new("rc-loss5-16384", Rc, 16384, 30);
     loss.loss_pct = 5;
@@ -342,6 +414,9 @@ pub fn check_side(
 ) -> Vec<String> {
     if let Some(p) = &s.peer {
         return p.check_side(side, r.rc, &r.output, responder);
+    }
+    if let Some(t) = s.cm {
+        return t.check_side(side, r.rc, &r.output, responder);
     }
     let mut why = Vec::new();
     match r.rc {
@@ -554,6 +629,12 @@ pub fn check_pcap(s: &Scenario, p: &PcapSummary) -> Vec<String> {
     if let Some(peer) = &s.peer {
         why.extend(peer.check_wire(&p.opcodes));
     }
+    if let Some(t) = s.cm {
+        // CM MADs are UD SENDs beside the tool's own transport; the MADs
+        // themselves are checked from the capture (`cm::check_mads`)
+        why.extend(t.check_opcodes(&p.opcodes));
+        return why;
+    }
     let prefix = s.transport.send_prefix();
     let sends: u64 = p
         .opcodes
@@ -608,7 +689,7 @@ mod tests {
             .starts_with("ibv_uc_pingpong"));
         let ud = Scenario::new("ud-1", Transport::Ud, 1, 10);
         assert!(!ud.kernel_cmd(Direction::KernelServer, 1).contains("-m"));
-        assert_eq!(ud.emu_bin(), "rxe-ud-pingpong");
+        assert_eq!(ud.emu_bin(Direction::EmuServer), "rxe-ud-pingpong");
     }
 
     #[test]
@@ -619,14 +700,14 @@ mod tests {
             srq.kernel_cmd(Direction::EmuServer, 18600),
             "ibv_srq_pingpong -d rxe0 -g 1 -p 18600 -s 65536 -n 5 -c -m 1024 -q 4 -e 10.77.0.1"
         );
-        assert_eq!(srq.emu_bin(), "ibv_srq_pingpong");
+        assert_eq!(srq.emu_bin(Direction::EmuServer), "ibv_srq_pingpong");
         assert_eq!(
             srq.emu_args(Direction::KernelServer, 18600).join(" "),
             "-d rxe0 -g 1 -p 18600 -s 65536 -n 5 -c -m 1024 -q 4 -e 10.77.0.11"
         );
         assert!(srq.needs_daemon());
         let ud = v.iter().find(|s| s.name == "deb-ud-1").unwrap();
-        assert_eq!(ud.emu_bin(), "ibv_ud_pingpong");
+        assert_eq!(ud.emu_bin(Direction::KernelServer), "ibv_ud_pingpong");
         assert_eq!(
             ud.emu_args(Direction::EmuServer, 1).join(" "),
             "-d rxe0 -g 1 -p 1 -s 1 -n 100 -c"
@@ -640,6 +721,49 @@ mod tests {
         };
         assert!(check_side(ud, "emu", &ok, true, true).is_empty());
         assert!(!rc().needs_daemon());
+    }
+
+    #[test]
+    fn cm_runs_debians_rdma_cm_tools_with_the_server_where_the_direction_says() {
+        let v = all();
+        let rp = v.iter().find(|s| s.name == "cm-rping").unwrap();
+        assert!(rp.needs_daemon() && rp.debian_on_host());
+        assert_eq!(
+            rp.kernel_cmd(Direction::EmuServer, 18600),
+            "rping -c -a 10.77.0.1 -p 18600 -v -V -C 10"
+        );
+        assert_eq!(
+            rp.emu_args(Direction::EmuServer, 18600).join(" "),
+            "-s -a 10.77.0.1 -p 18600 -v -C 10"
+        );
+        assert_eq!(
+            rp.kernel_cmd(Direction::KernelServer, 18600),
+            "rping -s -a 10.77.0.11 -p 18600 -v -C 10"
+        );
+        let rs = v.iter().find(|s| s.name == "cm-rdma-server").unwrap();
+        assert_eq!(rs.emu_bin(Direction::EmuServer), "rdma_server");
+        assert_eq!(rs.emu_bin(Direction::KernelServer), "rdma_client");
+        assert_eq!(
+            rs.emu_args(Direction::KernelServer, 7).join(" "),
+            "-s 10.77.0.11 -p 7"
+        );
+        let ud = v.iter().find(|s| s.name == "cm-udaddy").unwrap();
+        assert_eq!(ud.transport, Transport::Ud);
+        assert_eq!(
+            ud.kernel_cmd(Direction::EmuServer, 18600),
+            "udaddy -s 10.77.0.1 -c 2"
+        );
+        // the CM MADs (UD SENDs) beside RC data are no foreign transport
+        let p = parse_pcap_check(
+            "f: 9 records, 9 RoCEv2 packets: 9 ICRC ok, 0 bad, 0 truncated\n\
+             \x20 UD_SEND_ONLY 5\n\
+             \x20 RC_SEND_ONLY 2\n\
+             \x20 RC_RDMA_READ_REQUEST 1\n\
+             \x20 RC_RDMA_READ_RESPONSE_ONLY 1\n\
+             \x20 RC_RDMA_WRITE_ONLY 1\n",
+        )
+        .unwrap();
+        assert_eq!(check_pcap(rp, &p), Vec::<String>::new());
     }
 
     #[test]

@@ -770,6 +770,13 @@ impl CmService {
                 );
                 Ok(String::new())
             }
+            Request::Requeue { chan, event } => {
+                if self.chans.get(chan) != Some(&owner) {
+                    return Err(err(libc::EINVAL, format!("no event channel {chan}")));
+                }
+                self.events.push_back((*chan, event.clone()));
+                Ok(String::new())
+            }
             Request::Leave { id, addr } => {
                 let i = self.id_mut(owner, *id)?;
                 let before = i.mcast.len();

@@ -82,6 +82,24 @@ impl CmConnection {
     }
 }
 
+/// Take every event waiting in an event channel socket now, without
+/// blocking (for `rdma_migrate_id`, which hands some of them on).
+pub fn drain_events(chan: BorrowedFd<'_>) -> Vec<CmEvent> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; MAX_EVENT_LEN];
+    loop {
+        match recv(chan.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Ok(n) if n > 0 => {
+                if let Ok(e) = CmEvent::parse(&String::from_utf8_lossy(&buf[..n])) {
+                    out.push(e);
+                }
+            }
+            _ => return out,
+        }
+    }
+}
+
 /// Receive one event from an event channel socket. Blocks unless the
 /// socket is non-blocking (then `EAGAIN` as an `io::Error` of kind
 /// `WouldBlock`). End-of-file (the daemon went away) is `ENODEV`.

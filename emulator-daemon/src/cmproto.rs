@@ -13,7 +13,7 @@
 //! ```text
 //! CHANNEL                                  -> OK chan=3           (+ SCM_RIGHTS: the event socket)
 //! CREATE chan=3 ps=262 qp_type=2           -> OK id=17
-//! BIND id=17 addr=0.0.0.0 port=7174        -> OK addr=0.0.0.0 port=7174 [device=rxe0]
+//! BIND id=17 addr=0.0.0.0 port=7174        -> OK src=0.0.0.0 sport=7174 [device=rxe0]
 //! RESOLVE_ADDR id=17 dst=10.0.0.2 dport=7174 [src=.. sport=..] timeout_ms=2000 -> OK
 //! ...
 //!                                          -> ERR errno=98 port 7174 is in use
@@ -94,7 +94,9 @@ pub struct ConnParam {
     pub srq: bool,
     /// QPN (the sender's own QP; for events the remote QP).
     pub qp_num: u32,
-    /// Starting PSN of the sender's send queue.
+    /// The starting PSN of the REQ or REP (kernel cm's convention: the
+    /// PSN the sender's receive queue expects first, which the peer's
+    /// send queue starts at).
     pub psn: u32,
     /// UD Q_Key.
     pub qkey: u32,
@@ -123,7 +125,7 @@ pub enum Request {
         /// The id.
         id: u64,
     },
-    /// `rdma_bind_addr`: `OK addr= port= [device=]`.
+    /// `rdma_bind_addr`: `OK src= sport= [device=]`.
     Bind {
         /// The id.
         id: u64,
@@ -150,7 +152,7 @@ pub enum Request {
         /// Timeout.
         timeout_ms: u32,
     },
-    /// `rdma_listen`: `OK addr= port= [device=]`.
+    /// `rdma_listen`: `OK src= sport= [device=]`.
     Listen {
         /// The id.
         id: u64,
@@ -230,6 +232,16 @@ pub enum Request {
         id: u64,
         /// The group.
         addr: IpAddr,
+    },
+    /// Deliver `event` again, on `chan`: `rdma_migrate_id` hands the
+    /// events of the id that were already in the old channel's socket to
+    /// the new one (as the kernel moves them between ucma files), so the
+    /// new channel's fd shows them to `poll`.
+    Requeue {
+        /// The channel.
+        chan: u64,
+        /// The event, as it was received.
+        event: CmEvent,
     },
 }
 
@@ -509,6 +521,13 @@ impl Request {
             Request::Leave { id, addr } => {
                 let _ = write!(s, "LEAVE id={id} addr={addr}");
             }
+            Request::Requeue { chan, event } => {
+                let _ = write!(
+                    s,
+                    "REQUEUE chan={chan} ev={}",
+                    hex(event.to_line().as_bytes())
+                );
+            }
         }
         s
     }
@@ -586,6 +605,10 @@ impl Request {
             "LEAVE" => Request::Leave {
                 id: id()?,
                 addr: f.ip("addr")?,
+            },
+            "REQUEUE" => Request::Requeue {
+                chan: f.u64("chan")?,
+                event: CmEvent::parse(&String::from_utf8_lossy(&f.bytes("ev")?))?,
             },
             other => {
                 let shown: String = other.chars().take(30).collect();
@@ -818,6 +841,14 @@ mod tests {
             Request::Leave {
                 id: 3,
                 addr: "224.1.2.3".parse().unwrap(),
+            },
+            Request::Requeue {
+                chan: 4,
+                event: CmEvent {
+                    id: 3,
+                    event: event::DISCONNECTED,
+                    ..CmEvent::default()
+                },
             },
         ];
         for r in all {

@@ -300,6 +300,19 @@ fn resolve(spec: &DeviceSpec) -> Result<(IpAddr, Option<String>, u32), String> {
     Ok((addr, netdev, mtu))
 }
 
+mod pmtu {
+    use nix::{getsockopt_impl, setsockopt_impl, sockopt_impl};
+    sockopt_impl!(
+        /// `IP_MTU_DISCOVER` (`IP_PMTUDISC_*`): whether IPv4 datagrams carry DF.
+        PmtuDiscover,
+        Both,
+        libc::IPPROTO_IP,
+        libc::IP_MTU_DISCOVER,
+        usize
+    );
+}
+use pmtu::PmtuDiscover;
+
 fn bind_group(spec: &DeviceSpec, ip: IpAddr, slots: u32) -> Result<Vec<UdpSocket>, String> {
     let addr = SocketAddr::new(ip, 4791);
     // Probe without SO_REUSEPORT first: joining a group someone else made
@@ -336,6 +349,16 @@ fn bind_group(spec: &DeviceSpec, ip: IpAddr, slots: u32) -> Result<Vec<UdpSocket
         })?;
         s.set_nonblocking(true)
             .map_err(|e| io_err("O_NONBLOCK", e))?;
+        if addr.is_ipv4() {
+            // Slot 0 is the daemon's QP1: its CM MADs' ICRCs are computed
+            // over IP ID 0, which Linux gives a DF datagram of an
+            // unconnected socket only under IP_PMTUDISC_DO (the default,
+            // WANT, sets DF but picks a random ID: every MAD would reach
+            // kernel rxe with a bad ICRC and be dropped). A client's slot
+            // gets the same from verbs-api; set it on every slot alike.
+            nix::sys::socket::setsockopt(&s, PmtuDiscover, &(libc::IP_PMTUDISC_DO as usize))
+                .map_err(|e| io_err("IP_MTU_DISCOVER", e))?;
+        }
         socks.push(UdpSocket::from(s));
     }
     crate::steer::attach(&socks[0], slots).map_err(|e| io_err("SO_ATTACH_REUSEPORT_CBPF", e))?;
@@ -1288,6 +1311,16 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_ipv4_slot_sends_with_df_so_qp1_mads_leave_with_ip_id_0() {
+        let spec: DeviceSpec = "rxe0=127.0.61.1".parse().unwrap();
+        let socks = bind_group(&spec, "127.0.61.1".parse().unwrap(), 4).unwrap();
+        for s in &socks {
+            let v = getsockopt(s, PmtuDiscover).unwrap();
+            assert_eq!(v, libc::IP_PMTUDISC_DO as usize);
+        }
+    }
 
     #[test]
     fn device_specs_parse_print_and_refuse_nonsense() {

@@ -12,7 +12,7 @@ use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use emulator_daemon::cmproto::{CmErr, ConnParam, Request};
@@ -990,6 +990,34 @@ pub fn migrate(c: &CmId, channel: *mut rdma_event_channel) -> Result<(), CmErr> 
         return Err(e);
     }
     let cid = raw(c);
+    // Events of the id already in the old channel's socket move to the
+    // new channel, as the kernel moves them between ucma files; the
+    // others go back on the old channel, in their order.
+    // SAFETY: the id is live and its channel is one of ours.
+    let old = unsafe { (*cid).channel as *mut Channel };
+    if !old.is_null() {
+        // SAFETY: `old` is a live Channel until freed below.
+        let (old_handle, waiting) = unsafe {
+            (
+                (*old).handle,
+                emulator_daemon::cm_client::drain_events((*old).sock.as_fd()),
+            )
+        };
+        for ev in waiting {
+            let mine = ev.id == c.handle || ev.listen_id == Some(c.handle);
+            let to = if mine { handle } else { old_handle };
+            if !mine && was_sync {
+                continue;
+            }
+            let r = conn::request(&Request::Requeue {
+                chan: to,
+                event: ev,
+            });
+            if let Err(e) = r {
+                debug(|| format!("rdma_migrate_id: an event was lost: {e}"));
+            }
+        }
+    }
     // SAFETY: the id is live; the old private channel is ours.
     unsafe {
         if was_sync {

@@ -58,8 +58,13 @@ pub fn profile_dir() -> PathBuf {
 fn fresh(lib: &Path, crate_dir: &Path) {
     assert!(
         lib.exists(),
-        "{} is missing: build the workspace (cargo build --release) first",
-        lib.display()
+        "{} is missing: build the workspace in this profile first (cargo build{} --workspace)",
+        lib.display(),
+        if profile_dir().ends_with("release") {
+            " --release"
+        } else {
+            ""
+        }
     );
     let built = std::fs::metadata(lib).and_then(|m| m.modified()).unwrap();
     let mut sources = Vec::new();
