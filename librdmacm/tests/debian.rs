@@ -51,8 +51,10 @@ fn rping_ten_pings_with_data_check() {
             r.text()
         );
     }
+    // The server waits for the DISCONNECTED event; rping's client
+    // prints its own from its CM thread and may exit first (so it is not
+    // asserted: it fails now and then with kernel rdma_cm too).
     assert!(r.text().contains("server DISCONNECT EVENT"), "{}", r.text());
-    assert!(r.text().contains("client DISCONNECT EVENT"), "{}", r.text());
 }
 
 #[test]
