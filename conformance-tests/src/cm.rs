@@ -61,6 +61,25 @@ pub enum CmTool {
     /// perftest `ib_send_bw -z`: parameters exchanged over an rdma_cm
     /// connection, the test QP connected with them by hand.
     SendBwComm,
+    /// `rstream -T v`: a stream rsocket (rsocket.c's protocol: RDMA WRITE
+    /// WITH IMMEDIATE into the peer's buffer, credits as SGL updates),
+    /// data verified.
+    Rstream,
+}
+
+/// rstream's transfer size (`-S`) and count (`-C`).
+pub const RSTREAM_SIZE: usize = 4096;
+/// `-C`.
+pub const RSTREAM_COUNT: u32 = 100;
+
+/// rstream's command line: `side` (`-b ADDR` or `-s ADDR`), port, size,
+/// count, and data verification.
+fn rstream(side: &[&str], port: &str) -> Vec<String> {
+    let (size, count) = (RSTREAM_SIZE.to_string(), RSTREAM_COUNT.to_string());
+    let mut v: Vec<String> = vec!["rstream".into()];
+    v.extend(side.iter().map(|s| s.to_string()));
+    v.extend(["-p", port, "-S", &size, "-C", &count, "-T", "v"].map(String::from));
+    v
 }
 
 /// The CM messages a capture holds, in order.
@@ -165,6 +184,7 @@ impl CmTool {
             CmTool::Ucmatose => vec!["ucmatose", "-b", bind, "-p", &p, "-c", &c],
             CmTool::Udaddy => vec!["udaddy", "-b", bind, "-c", &c],
             CmTool::RdmaServer => vec!["rdma_server", "-s", bind, "-p", &p],
+            CmTool::Rstream => return rstream(&["-b", bind], &p),
             CmTool::SendBw | CmTool::WriteLat | CmTool::SendBwComm => {
                 return self.perftest(port, None)
             }
@@ -183,6 +203,7 @@ impl CmTool {
             CmTool::Ucmatose => vec!["ucmatose", "-s", server, "-p", &p, "-c", &c],
             CmTool::Udaddy => vec!["udaddy", "-s", server, "-c", &c],
             CmTool::RdmaServer => vec!["rdma_client", "-s", server, "-p", &p],
+            CmTool::Rstream => return rstream(&["-s", server], &p),
             CmTool::SendBw | CmTool::WriteLat | CmTool::SendBwComm => {
                 return self.perftest(port, Some(server))
             }
@@ -245,6 +266,7 @@ impl CmTool {
     pub fn bytes(self) -> u64 {
         match self {
             CmTool::Rping => (RPING_COUNT as usize * RPING_SIZE * 2) as u64,
+            CmTool::Rstream => (RSTREAM_SIZE as u64) * u64::from(RSTREAM_COUNT) * 2,
             CmTool::SendBw | CmTool::SendBwComm => (PERF_SIZE as u64) * u64::from(PERF_BW_ITERS),
             CmTool::WriteLat => (PERF_LAT_SIZE as u64) * u64::from(PERF_LAT_ITERS) * 2,
             _ => 0,
@@ -294,6 +316,22 @@ impl CmTool {
             CmTool::RdmaServer => {
                 let who = if server { "rdma_server" } else { "rdma_client" };
                 want.push(format!("{who}: end 0"));
+            }
+            CmTool::Rstream => {
+                // "custom    4k      100     1       800k   ..."
+                let size = format!("{}k", RSTREAM_SIZE / 1024);
+                let found = out.lines().any(|l| {
+                    let w: Vec<&str> = l.split_whitespace().collect();
+                    w.len() >= 4
+                        && w[0] == "custom"
+                        && w[1] == size
+                        && w[2] == RSTREAM_COUNT.to_string()
+                });
+                if !found {
+                    why.push(format!(
+                        "{side} printed no result line for {size} x {RSTREAM_COUNT}"
+                    ));
+                }
             }
             CmTool::SendBw | CmTool::WriteLat | CmTool::SendBwComm => {
                 let (_, size, iters) = self.perf();
@@ -348,6 +386,9 @@ impl CmTool {
             CmTool::SendBw | CmTool::SendBwComm => &["RC_SEND_FIRST", "RC_SEND_LAST"],
             CmTool::WriteLat => &["RC_RDMA_WRITE_ONLY"],
             CmTool::Udaddy => &["UD_SEND_ONLY"],
+            // credits and control messages: zero- or 16-byte writes with
+            // immediate data
+            CmTool::Rstream => &["RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE"],
         };
         let mut why: Vec<String> = want
             .iter()

@@ -376,6 +376,7 @@ pub fn all() -> Vec<Scenario> {
         Scenario::cm("cm-send-bw", CmTool::SendBw),
         Scenario::cm("cm-write-lat", CmTool::WriteLat),
         Scenario::cm("cm-send-bw-z", CmTool::SendBwComm),
+        Scenario::cm("cm-rstream", CmTool::Rstream),
     ]);
     let mut loss = Scenario::new("rc-loss5-16384", Rc, 16384, 30);
     loss.loss_pct = 5;

@@ -75,7 +75,7 @@ MODS="virtio_pci virtio_net virtio_console virtio_rng crc32_pclmul crc32_generic
 BINS="usr/bin/ibv_devinfo usr/bin/ibv_devices usr/bin/ibv_rc_pingpong usr/bin/ibv_uc_pingpong
   usr/bin/ibv_ud_pingpong usr/bin/ibv_srq_pingpong usr/bin/ib_send_bw usr/bin/ib_send_lat
   usr/bin/ib_write_bw usr/bin/ib_write_lat usr/bin/ib_read_bw usr/bin/ib_read_lat
-  usr/bin/ib_atomic_bw usr/bin/rping usr/bin/ucmatose usr/bin/udaddy usr/bin/rdma_server
+  usr/bin/ib_atomic_bw usr/bin/rping usr/bin/ucmatose usr/bin/udaddy usr/bin/rstream usr/bin/rdma_server
   usr/bin/rdma_client usr/bin/rdma bin/ip sbin/tc"
 
 apt_get() { # apt-get, waiting for a lock another apt may hold
