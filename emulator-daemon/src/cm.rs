@@ -43,6 +43,11 @@ pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// The service timeout of rdma_cm's MRAs (kernel `CMA_CM_MRA_SETTING`
 /// without its delay flag: 24, about 69 s).
 const CMA_CM_MRA_TIMEOUT: u8 = 24;
+/// Event channels one process may hold (each is a socket in the daemon).
+pub const MAX_CHANNELS: usize = 1024;
+/// rdma_cm ids one process may hold (connection requests that arrive
+/// for its listeners count too; past this they are rejected).
+pub const MAX_IDS: usize = 65536;
 /// `enum ibv_qp_type`: RC.
 const QPT_RC: u32 = 2;
 /// `enum ibv_qp_type`: UD.
@@ -274,10 +279,16 @@ impl CmService {
     }
 
     /// A new event channel for `owner`.
-    pub fn new_channel(&mut self, owner: u64) -> u64 {
+    pub fn new_channel(&mut self, owner: u64) -> Result<u64, CmErr> {
+        if self.chans.values().filter(|o| **o == owner).count() >= MAX_CHANNELS {
+            return Err(err(
+                libc::EMFILE,
+                format!("a process may have {MAX_CHANNELS} event channels"),
+            ));
+        }
         let c = self.alloc();
         self.chans.insert(c, owner);
-        c
+        Ok(c)
     }
 
     /// `owner` is gone (its command connection closed): destroy its ids
@@ -550,6 +561,12 @@ impl CmService {
             Request::Create { chan, ps, qp_type } => {
                 if self.chans.get(chan) != Some(&owner) {
                     return Err(err(libc::EINVAL, format!("no event channel {chan}")));
+                }
+                if self.ids.values().filter(|i| i.owner == owner).count() >= MAX_IDS {
+                    return Err(err(
+                        libc::ENOMEM,
+                        format!("a process may have {MAX_IDS} rdma_cm ids"),
+                    ));
                 }
                 let ps = PortSpace::from_raw(*ps)
                     .ok_or_else(|| err(libc::EINVAL, format!("port space {ps:#x}")))?;
@@ -1289,6 +1306,15 @@ impl CmService {
             let l = &self.ids[&lid];
             (l.owner, l.chan, l.ps, l.qp_type)
         };
+        if self.ids.values().filter(|i| i.owner == owner).count() >= MAX_IDS {
+            let ep = &mut self.devices[d].ep;
+            if ud {
+                let _ = ep.sidr_reply(c, SidrStatus::REJECT, 0, 0, &[]);
+            } else {
+                let _ = ep.reject(now, c, RejectReason::CONSUMER_DEFINED, &[]);
+            }
+            return;
+        }
         let id = self.alloc();
         let local = (hdr.dst, port);
         let _ = remote_gid;
@@ -1436,7 +1462,7 @@ mod tests {
 
         /// A channel and an id for owner 1 on side `which`.
         fn id(&mut self, which: char, ps: u16) -> u64 {
-            let chan = self.side(which).new_channel(1);
+            let chan = self.side(which).new_channel(1).unwrap();
             let r = self
                 .req(
                     which,
@@ -1877,6 +1903,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(n.events('a')[0].event, event::CONNECT_RESPONSE);
+    }
+
+    #[test]
+    fn a_process_cannot_take_unbounded_channels() {
+        let mut s = CmService::new(3);
+        for _ in 0..MAX_CHANNELS {
+            s.new_channel(7).unwrap();
+        }
+        assert_eq!(s.new_channel(7).unwrap_err().errno, libc::EMFILE);
+        assert!(s.new_channel(8).is_ok(), "another process is not affected");
+        s.drop_owner(Instant::now(), 7);
+        assert!(s.new_channel(7).is_ok());
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl Server {
             &theirs,
             nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
         );
-        let chan = self.cm.new_channel(client);
+        let chan = self.cm.new_channel(client)?;
         self.chans.insert(
             chan,
             Chan {

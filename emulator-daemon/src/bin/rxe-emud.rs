@@ -30,6 +30,14 @@ struct Args {
 
 fn main() {
     let a = Args::parse();
+    // Each client and each RDMA CM event channel is a socket here: use
+    // the whole file limit the system allows us, not the 1024 default.
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
     let devices = if a.devices.is_empty() {
         vec!["rxe0=127.0.0.1".parse().expect("valid default")]
     } else {
