@@ -298,7 +298,7 @@ fn rxe_emu_exec_sysfs_shows_the_device_and_its_netdev() {
     let out = run(&[
         "exec",
         "--device",
-        "rxe0=127.0.97.2",
+        "rxe0=127.0.99.1",
         "--sysfs",
         "--",
         "sh",
