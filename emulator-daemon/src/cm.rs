@@ -634,7 +634,10 @@ impl CmService {
                 }
                 let (ps, (addr, port), afonly) = {
                     let i = &self.ids[id];
-                    (i.ps, i.src.expect("bound"), i.afonly)
+                    let src = i
+                        .src
+                        .ok_or_else(|| err(libc::EINVAL, "the id is not bound"))?;
+                    (i.ps, src, i.afonly)
                 };
                 // No two listeners on one port (kernel cma_bind_listen).
                 for (k, cur) in &self.ids {
@@ -847,7 +850,9 @@ impl CmService {
             St::AddrBound => {}
             _ => return Err(err(libc::EINVAL, "rdma_resolve_addr: the id is in use")),
         }
-        let (bound, port) = self.ids[&id].src.expect("bound");
+        let (bound, port) = self.ids[&id]
+            .src
+            .ok_or_else(|| err(libc::EINVAL, "the id is not bound"))?;
         // The source the host's routing picks, when bound to any address.
         // A destination a device owns is reached through that device
         // (loopback, as kernel rdma_cm's local routes do).
@@ -885,7 +890,10 @@ impl CmService {
         if i.state != St::RouteResolved {
             return Err(err(libc::EINVAL, "rdma_connect: resolve the route first"));
         }
-        let ((sa, sport), (da, dport)) = (i.src.expect("resolved"), i.dst.expect("resolved"));
+        let ((sa, sport), (da, dport)) = i
+            .src
+            .zip(i.dst)
+            .ok_or_else(|| err(libc::EINVAL, "rdma_connect: the route has no addresses"))?;
         let dev = i.device.clone().unwrap_or_default();
         let (ps, tos, ud) = (i.ps, i.tos, i_is_ud(i));
         let d = self
@@ -1915,6 +1923,100 @@ mod tests {
         assert!(s.new_channel(8).is_ok(), "another process is not affected");
         s.drop_owner(Instant::now(), 7);
         assert!(s.new_channel(7).is_ok());
+    }
+
+    /// Whatever two processes ask, in any order, with any ids, and
+    /// whatever the wire then carries, the service answers (OK or an
+    /// error) and never panics: the daemon must outlive its clients.
+    #[test]
+    fn random_requests_never_panic_the_service() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut n = Net::new();
+        let addrs = [A, A, B, "0.0.0.0", "10.9.9.9", "224.1.1.1", "::"];
+        let mut chans = vec![n.a.new_channel(1).unwrap(), n.a.new_channel(2).unwrap()];
+        let (mut oks, mut seen) = (0u32, std::collections::BTreeSet::new());
+        for step in 0..20_000u32 {
+            let owner = 1 + rnd(2);
+            // Mostly ids that exist (of either owner), sometimes any.
+            let live: Vec<u64> = n.a.ids.keys().copied().collect();
+            let id = if !live.is_empty() && rnd(10) < 8 {
+                live[rnd(live.len() as u64) as usize]
+            } else {
+                rnd(1000)
+            };
+            let chan = chans[rnd(chans.len() as u64) as usize];
+            let addr = ip(addrs[rnd(addrs.len() as u64) as usize]);
+            let port = [0u16, 7000, 7001, 65535][rnd(4) as usize];
+            let p = param(rnd(0x100_0000) as u32, &vec![7; rnd(80) as usize]);
+            let r = match rnd(17) {
+                0 => Request::Create {
+                    chan,
+                    ps: [0x106u16, 0x111, 0x13f, 2, 9][rnd(5) as usize],
+                    qp_type: [2u32, 4, 9][rnd(3) as usize],
+                },
+                1 => Request::Destroy { id },
+                2 => Request::Bind { id, addr, port },
+                3 => Request::ResolveAddr {
+                    id,
+                    src: (rnd(2) == 0).then_some((addr, port)),
+                    dst: (ip(addrs[rnd(addrs.len() as u64) as usize]), port),
+                    timeout_ms: 1,
+                },
+                4 => Request::ResolveRoute { id, timeout_ms: 1 },
+                5 => Request::Listen { id, backlog: 1 },
+                6 => Request::Connect { id, param: p },
+                7 => Request::Accept { id, param: p },
+                8 => Request::Reject {
+                    id,
+                    private_data: p.private_data,
+                    reason: rnd(256) as u8,
+                },
+                9 => Request::Establish { id },
+                10 => Request::Disconnect { id },
+                11 => Request::Notify { id, event: 9 },
+                12 => Request::Migrate { id, chan },
+                13 => Request::SetOption {
+                    id,
+                    level: rnd(3) as i32,
+                    name: rnd(5) as i32,
+                    value: vec![1; rnd(6) as usize],
+                },
+                14 => Request::Join { id, addr, flags: 0 },
+                15 => Request::Leave { id, addr },
+                _ => Request::Requeue {
+                    chan,
+                    event: CmEvent::default(),
+                },
+            };
+            oks += u32::from(n.req('a', owner, r).is_ok());
+            for e in n.events('a') {
+                seen.insert(e.event);
+            }
+            if step % 500 == 0 {
+                n.advance(Duration::from_secs(rnd(30)));
+            }
+            if step % 3000 == 0 {
+                let now = n.now;
+                n.a.drop_owner(now, owner);
+                chans = vec![n.a.new_channel(1).unwrap(), n.a.new_channel(2).unwrap()];
+            }
+        }
+        // It went beyond errors: ids were made, connected and reported.
+        eprintln!("{oks} requests succeeded; events seen: {seen:?}");
+        assert!(oks > 1000, "{oks}");
+        for e in [event::ADDR_RESOLVED, event::ROUTE_RESOLVED] {
+            assert!(seen.contains(&e), "event {e} never happened: {seen:?}");
+        }
+        assert!(
+            seen.contains(&event::REJECTED) || seen.contains(&event::UNREACHABLE),
+            "no REQ got an answer or ran out of retries: {seen:?}"
+        );
     }
 
     #[test]
