@@ -731,6 +731,9 @@ impl Server {
             let line = String::from_utf8_lossy(&line).trim().to_string();
             if self.clients.get(&id).is_some_and(|c| c.cm) {
                 self.serve_cm(id, &line);
+                if !self.clients.contains_key(&id) {
+                    return stop; // dropped: it read none of its answers
+                }
                 continue;
             }
             if line == "CM" {

@@ -24,6 +24,9 @@ pub(super) struct Chan {
 /// are dropped (and the process is told nothing: it is not reading).
 const MAX_QUEUED: usize = 4096;
 
+/// Answers a CM process may leave unread before it is dropped.
+const MAX_UNREAD: usize = 1 << 20;
+
 /// The GSI QP.
 const QP1: u32 = 1;
 
@@ -44,6 +47,16 @@ impl Server {
     /// A line from a CM command connection.
     pub(super) fn serve_cm(&mut self, client: u64, line: &str) {
         let reply = match Request::parse(line) {
+            // The socket travels with its reply line: only when nothing
+            // else is queued before it (a process waits for each answer).
+            Ok(Request::Channel)
+                if self.clients.get(&client).is_some_and(|c| !c.out.is_empty()) =>
+            {
+                Err(CmErr::new(
+                    libc::EBUSY,
+                    "read the answers to earlier requests first",
+                ))
+            }
             Ok(Request::Channel) => match self.new_channel(client) {
                 Ok((chan, theirs)) => {
                     let sent = self.clients.get(&client).map(|c| {
@@ -68,10 +81,17 @@ impl Server {
             Ok(f) => format!("OK {f}\n"),
             Err(e) => format!("{}\n", e.to_line()),
         };
+        // Queued and written as the process reads: one that sends
+        // requests without reading the answers cannot block the daemon,
+        // and is dropped once it owes too much.
+        let mut unread = false;
         if let Some(c) = self.clients.get_mut(&client) {
-            let _ = c.stream.set_nonblocking(false);
-            let _ = fdpass::send_all_nosignal(&c.stream, text.as_bytes());
-            let _ = c.stream.set_nonblocking(true);
+            c.out.extend_from_slice(text.as_bytes());
+            super::write_out(c);
+            unread = c.out.len() > MAX_UNREAD;
+        }
+        if unread {
+            self.release(client);
         }
         self.flush_cm();
     }

@@ -282,3 +282,27 @@ fn p_resolve_from(p: &Proc, id: u64, src: &str, dst: &str, port: u16) {
     });
     assert_eq!(p.event().event, event::ROUTE_RESOLVED);
 }
+
+/// A process that sends CM requests and never reads the answers cannot
+/// block the daemon: it is dropped once it owes 1 MiB of answers, and
+/// everybody else is served meanwhile.
+#[test]
+fn a_client_that_never_reads_cannot_block_the_daemon() {
+    use std::io::Write;
+    let d = Daemon::start("unread", &["rxe0=127.0.23.4"]);
+    let mut s = std::os::unix::net::UnixStream::connect(&d.path).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"CM\n").unwrap();
+    let line = "CREATE chan=999 ps=262 qp_type=2\n".repeat(1000);
+    let mut dropped = false;
+    for _ in 0..200 {
+        if s.write_all(line.as_bytes()).is_err() {
+            dropped = true;
+            break;
+        }
+        // Another process is served meanwhile.
+        let p = Proc::new(&d);
+        p.id(0x106);
+    }
+    assert!(dropped, "the daemon kept a client that read nothing");
+}
