@@ -145,6 +145,7 @@ impl Hosts {
             server,
             client,
             timed_out: t1 || t2,
+            attempts: 1,
         }
     }
 }

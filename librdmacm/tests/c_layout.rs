@@ -3,6 +3,7 @@
 //! offset of every field listed in `layout.txt` (which `build.rs` already
 //! asserts on the Rust side), and compare.
 
+#[path = "../../libibverbs/tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;

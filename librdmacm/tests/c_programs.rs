@@ -7,6 +7,7 @@
 //! timeouts, about 100 s), never a hang; with no daemon,
 //! rdma_create_event_channel fails with ENODEV.
 
+#[path = "../../libibverbs/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -55,7 +56,7 @@ fn reject_with_private_data_reaches_the_client() {
     let _s = serial();
     let a = "127.0.98.1";
     let d = Daemon::start("reject", &format!("rxe0={a}"));
-    let r = client_server(
+    let r = client_server_retrying(
         &d,
         (exe, &["server", a, "7100"]),
         (exe, &["client", a, "7100"]),

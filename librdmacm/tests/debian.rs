@@ -7,6 +7,7 @@
 //! absent (failed under CI). Every device has its own address, so tests
 //! do not share UDP/4791.
 
+#[path = "../../libibverbs/tests/common/mod.rs"]
 mod common;
 
 use std::time::Duration;
@@ -21,7 +22,7 @@ fn run(tag: &str, addr: &str, server: (&str, &[&str]), client: (&str, &[&str])) 
     }
     let _s = serial();
     let d = Daemon::start(tag, &format!("rxe0={addr}"));
-    let r = client_server(&d, server, client, LIMIT);
+    let r = client_server_retrying(&d, server, client, LIMIT);
     assert!(r.ok(), "{tag} failed:\n{}", r.text());
     Some(r)
 }

@@ -7,6 +7,7 @@
 //! killed mid-transfer, which must end the server (ECONNRESET/EOF), not
 //! hang it. Skipped, saying so, if `rstream` is absent (failed under CI).
 
+#[path = "../../libibverbs/tests/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ fn rstream(d: &Daemon, addr: &str, port: u16, args: &[&str], expect: &[&str]) {
     let port = port.to_string();
     let s: Vec<&str> = [&["-b", addr, "-p", &port][..], args].concat();
     let c: Vec<&str> = [&["-s", addr, "-p", &port][..], args].concat();
-    let r = client_server(d, ("rstream", &s), ("rstream", &c), LIMIT);
+    let r = client_server_retrying(d, ("rstream", &s), ("rstream", &c), LIMIT);
     assert!(r.ok(), "rstream {args:?} failed:\n{}", r.text());
     let (so, co) = r.stdout();
     for want in expect {

@@ -1,6 +1,7 @@
-//! Helpers for running unmodified rdma-core programs on our libibverbs:
-//! an in-test rxe-emud, a directory holding `libibverbs.so.1`, and
-//! client/server runs with timeouts.
+//! Helpers for running unmodified rdma-core programs on our libibverbs
+//! (and, for librdmacm's tests, which include this file, our librdmacm):
+//! an in-test rxe-emud, a directory holding `libibverbs.so.1` (and
+//! `librdmacm.so.1`), and client/server runs with timeouts.
 
 #![allow(dead_code)]
 
@@ -63,40 +64,68 @@ pub fn profile_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-/// A directory holding `libibverbs.so.1` (a link to the library cargo
-/// built), for `LD_LIBRARY_PATH`.
+/// `lib` exists and is not older than the sources of `crate_dir`
+/// (`cargo test` does not rebuild a cdylib).
+fn fresh(lib: &Path, crate_dir: &Path) {
+    assert!(
+        lib.exists(),
+        "{} is missing: build the workspace in this profile first (cargo build{} --workspace)",
+        lib.display(),
+        if profile_dir().ends_with("release") {
+            " --release"
+        } else {
+            ""
+        }
+    );
+    let built = std::fs::metadata(lib).and_then(|m| m.modified()).unwrap();
+    let mut sources = vec![crate_dir.join("exports.txt"), crate_dir.join("layout.txt")];
+    let mut dirs = vec![crate_dir.join("src")];
+    while let Some(d) = dirs.pop() {
+        for p in std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+        {
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                sources.push(p);
+            }
+        }
+    }
+    let newer: Vec<PathBuf> = sources
+        .into_iter()
+        .filter(|p| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > built)
+        })
+        .collect();
+    assert!(
+        newer.is_empty(),
+        "{} is older than {newer:?}: run `cargo build --release --workspace` (scripts/test does)",
+        lib.display()
+    );
+}
+
+/// A directory holding `libibverbs.so.1` (and `librdmacm.so.1` in
+/// librdmacm's tests): links to the libraries cargo built, checked to be
+/// fresh, for `LD_LIBRARY_PATH`.
 pub fn dropin_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let lib = profile_dir().join("libibverbs.so");
-        assert!(
-            lib.exists(),
-            "{} is missing: build the workspace (cargo build --release) first",
-            lib.display()
-        );
-        // `cargo test` does not rebuild a cdylib: refuse to test a library
-        // older than its sources.
-        let built = std::fs::metadata(&lib).and_then(|m| m.modified()).unwrap();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let newer: Vec<PathBuf> = std::fs::read_dir(src.join("src"))
-            .unwrap()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .chain([src.join("exports.txt"), src.join("layout.txt")])
-            .filter(|p| {
-                std::fs::metadata(p)
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|t| t > built)
-            })
-            .collect();
-        assert!(
-            newer.is_empty(),
-            "{} is older than {newer:?}: run `cargo build --release -p rxe-libibverbs` (scripts/test does)",
-            lib.display()
-        );
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut libs = vec!["ibverbs"];
+        if env!("CARGO_PKG_NAME") == "rxe-librdmacm" {
+            libs.push("rdmacm");
+        }
         let d = scratch_dir("lib");
-        let link = d.join("libibverbs.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&lib, &link).unwrap();
+        for name in libs {
+            let lib = profile_dir().join(format!("lib{name}.so"));
+            fresh(&lib, &workspace.join(format!("lib{name}")));
+            let link = d.join(format!("lib{name}.so.1"));
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).unwrap();
+        }
         d
     })
     .clone()
@@ -209,16 +238,20 @@ pub struct Run {
     pub server: Output,
     pub client: Output,
     pub timed_out: bool,
+    /// Client attempts ([`client_server_retrying`] starts a client that
+    /// was rejected before its server listened again).
+    pub attempts: u32,
 }
 
 impl Run {
     pub fn text(&self) -> String {
         format!(
-            "--- server ({:?}):\n{}{}\n--- client ({:?}):\n{}{}",
+            "--- server ({:?}):\n{}{}\n--- client ({:?}, attempt {}):\n{}{}",
             self.server.status,
             String::from_utf8_lossy(&self.server.stdout),
             String::from_utf8_lossy(&self.server.stderr),
             self.client.status,
+            self.attempts,
             String::from_utf8_lossy(&self.client.stdout),
             String::from_utf8_lossy(&self.client.stderr)
         )
@@ -268,6 +301,42 @@ pub fn client_server(d: &Daemon, prog: &str, args: &[&str], port: u16, limit: Du
         server,
         client,
         timed_out: t1 || t2,
+        attempts: 1,
+    }
+}
+
+/// Run `server`, then `client` until it succeeds (an RDMA CM client that
+/// comes before the server listens is rejected and exits at once: it is
+/// started again, for at most 20 s), each within `limit`.
+pub fn client_server_retrying(
+    d: &Daemon,
+    server: (&str, &[&str]),
+    client: (&str, &[&str]),
+    limit: Duration,
+) -> Run {
+    let s = d.command(server.0).args(server.1).spawn().unwrap();
+    let start = Instant::now();
+    let mut attempts = 0;
+    let (c, t1) = loop {
+        attempts += 1;
+        std::thread::sleep(Duration::from_millis(200));
+        let child = d.command(client.0).args(client.1).spawn().unwrap();
+        let (out, timed_out) = wait_limited(child, limit);
+        if out.status.success() || timed_out || start.elapsed() > Duration::from_secs(20) {
+            break (out, timed_out);
+        }
+    };
+    let slimit = if c.status.success() {
+        limit
+    } else {
+        Duration::from_secs(3)
+    };
+    let (s, t2) = wait_limited(s, slimit);
+    Run {
+        server: s,
+        client: c,
+        timed_out: t1 || t2,
+        attempts,
     }
 }
 
