@@ -60,9 +60,44 @@ fn udp_stream(size: usize, a: &str, b: &str) -> (f64, f64) {
     (bytes as f64 / t, n as f64 / t)
 }
 
+/// One-way latencies of a ping-pong: half of each round trip.
+struct Lat {
+    rounds: Vec<Duration>,
+}
+
+impl Lat {
+    fn mean(&self) -> Duration {
+        let sum: Duration = self.rounds.iter().sum();
+        sum / (2 * self.rounds.len() as u32).max(1)
+    }
+
+    /// The round trip at quantile `q`, halved (perftest's `t_typical` is
+    /// the median).
+    fn quantile(&self, q: f64) -> Duration {
+        let mut v = self.rounds.clone();
+        v.sort_unstable();
+        let i = ((v.len() as f64 - 1.0) * q).round() as usize;
+        v.get(i).copied().unwrap_or_default() / 2
+    }
+}
+
+/// Run `round` (one round trip) for [`secs`], timing each.
+fn time_rounds(mut round: impl FnMut()) -> Lat {
+    let mut rounds = Vec::with_capacity(1 << 20);
+    let start = Instant::now();
+    let mut last = start;
+    while last.duration_since(start) < secs() {
+        round();
+        let now = Instant::now();
+        rounds.push(now - last);
+        last = now;
+    }
+    Lat { rounds }
+}
+
 /// Raw UDP ping-pong of `size`-byte datagrams between two spinning
-/// threads; returns the mean one-way latency.
-fn udp_pingpong(size: usize, a: &str, b: &str) -> Duration {
+/// threads.
+fn udp_pingpong(size: usize, a: &str, b: &str) -> Lat {
     let sa = UdpSocket::bind((a, 0)).unwrap();
     let sb = UdpSocket::bind((b, 0)).unwrap();
     sa.set_nonblocking(true).unwrap();
@@ -80,21 +115,13 @@ fn udp_pingpong(size: usize, a: &str, b: &str) -> Duration {
     });
     let buf = vec![0u8; size];
     let mut rbuf = [0u8; 2048];
-    let mut rounds = 0u64;
-    let start = Instant::now();
-    while start.elapsed() < secs() {
+    let lat = time_rounds(|| {
         sa.send_to(&buf, ab).unwrap();
-        loop {
-            if sa.recv(&mut rbuf).is_ok() {
-                break;
-            }
-        }
-        rounds += 1;
-    }
-    let t = start.elapsed();
+        while sa.recv(&mut rbuf).is_err() {}
+    });
     stop.store(true, Ordering::Relaxed);
     echo.join().unwrap();
-    t / (2 * rounds as u32).max(1)
+    lat
 }
 
 struct End {
@@ -240,9 +267,8 @@ fn echo(b: &End, stop: &AtomicBool) {
     }
 }
 
-/// RC SEND ping-pong of 8 bytes against a running [`echo`]; mean one-way
-/// latency.
-fn rdma_pingpong(a: &End) -> Duration {
+/// RC SEND ping-pong of 8 bytes against a running [`echo`].
+fn rdma_pingpong(a: &End) -> Lat {
     let mut abuf = vec![0u8; 8];
     let amr = a.pd.reg_mr(&mut abuf, ALL).unwrap();
     let recv = || RecvWr {
@@ -250,9 +276,7 @@ fn rdma_pingpong(a: &End) -> Duration {
         sg_list: vec![amr.sge(0, 8)],
     };
     a.qp.post_recv(recv()).unwrap();
-    let mut rounds = 0u32;
-    let start = Instant::now();
-    while start.elapsed() < secs() {
+    time_rounds(|| {
         a.qp.post_send(SendWr::new(1, SendOp::Send, vec![amr.sge(0, 8)]))
             .unwrap();
         'wait: loop {
@@ -263,9 +287,7 @@ fn rdma_pingpong(a: &End) -> Duration {
                 }
             }
         }
-        rounds += 1;
-    }
-    start.elapsed() / (2 * rounds).max(1)
+    })
 }
 
 /// The far end of the benchmark: it owns the WRITE target and, on
@@ -448,14 +470,28 @@ fn phases(title: &str, a: &End, peer: &mut Peer, ip_a: &str, ip_b: &str) -> [f64
         std::thread::sleep(Duration::from_millis(20));
         let lat = rdma_pingpong(a);
         (peer.send)("IDLE");
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
         println!(
             "  RC SEND 8 B latency:       {:8.2} us   | UDP ping-pong (24 B) {:8.2} us   | ratio {:.2}",
-            lat.as_secs_f64() * 1e6,
-            ceil.as_secs_f64() * 1e6,
-            lat.as_secs_f64() / ceil.as_secs_f64()
+            us(lat.mean()),
+            us(ceil.mean()),
+            ratio(lat.mean(), ceil.mean())
         );
-        r[2] = lat.as_secs_f64();
-        r[3] = ceil.as_secs_f64();
+        println!(
+            "    median (t_typical):      {:8.2} us   |                      {:8.2} us   | ratio {:.2}",
+            us(lat.quantile(0.5)),
+            us(ceil.quantile(0.5)),
+            ratio(lat.quantile(0.5), ceil.quantile(0.5))
+        );
+        println!(
+            "    99th percentile:         {:8.2} us   |                      {:8.2} us   | ratio {:.2}",
+            us(lat.quantile(0.99)),
+            us(ceil.quantile(0.99)),
+            ratio(lat.quantile(0.99), ceil.quantile(0.99))
+        );
+        r[2] = lat.mean().as_secs_f64();
+        r[3] = ceil.mean().as_secs_f64();
     }
     // 8-byte WRITE_ONLY: 12 + 16 + 8 + 4 = 40 bytes.
     if run("rate") {

@@ -696,13 +696,21 @@ impl Inner {
     /// `app`: called from an application's poll. Responses produced here
     /// are held until the next flush (see [`Inner::flush_with`]), and the
     /// ones held by the previous poll go out first.
-    pub(crate) fn progress(&self, buf: &mut [u8], app: bool) {
+    ///
+    /// `polled`: the CQ an application polls. Reading stops as soon as it
+    /// holds a completion, so the application gets it without first
+    /// reading what else came (typically the acknowledgement of its own
+    /// last send) and one more `recv` that finds the socket empty: both
+    /// wait for its next poll, or the progress thread.
+    pub(crate) fn progress(&self, buf: &mut [u8], app: bool, polled: Option<rxe_core::CqHandle>) {
         let mut e = self.lock();
         if app && self.has_deferred() {
             self.flush(&mut e);
         }
-        self.drain_socket(&mut e, &self.socket, self.cfg.addr, buf, app);
-        self.progress_multicast(&mut e, buf, app);
+        let done = self.drain_socket(&mut e, &self.socket, self.cfg.addr, buf, app, polled);
+        if !done {
+            self.progress_multicast(&mut e, buf, app, polled);
+        }
         let now = self.now();
         if e.poll_timeout().is_some_and(|d| d <= now) {
             e.handle_timeout(now);
@@ -713,6 +721,7 @@ impl Inner {
     /// Read every datagram `sock` holds into the engine; `dst` is the
     /// address they were sent to (the device's, or a multicast group's,
     /// which selects the group's members).
+    /// Returns whether it stopped because `polled` holds a completion.
     fn drain_socket(
         &self,
         e: &mut Engine<HostMemory>,
@@ -720,14 +729,15 @@ impl Inner {
         dst: IpAddr,
         buf: &mut [u8],
         app: bool,
-    ) {
+        polled: Option<rxe_core::CqHandle>,
+    ) -> bool {
         loop {
             let (n, src) = match sock.recv_from(buf) {
                 Ok(x) => x,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 // WouldBlock: nothing more. Other errors (ICMP reports on
                 // some paths) are loss to the transport.
-                Err(_) => break,
+                Err(_) => return false,
             };
             let dg = RxDatagram {
                 src: src.ip(),
@@ -752,17 +762,28 @@ impl Inner {
             // Send what it produced before reading more, so a burst of
             // requests cannot pile up responses in memory.
             self.flush_with(e, app);
+            if polled.is_some_and(|cq| e.cq_len(cq) > 0) {
+                return true;
+            }
         }
     }
 
     /// Read what the multicast sockets hold into the engine.
-    fn progress_multicast(&self, e: &mut Engine<HostMemory>, buf: &mut [u8], app: bool) {
+    fn progress_multicast(
+        &self,
+        e: &mut Engine<HostMemory>,
+        buf: &mut [u8],
+        app: bool,
+        polled: Option<rxe_core::CqHandle>,
+    ) {
         if !self.mcast_on.load(Ordering::Acquire) {
             return;
         }
         let groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
         for (group, sock) in groups.iter() {
-            self.drain_socket(e, sock, *group, buf, app);
+            if self.drain_socket(e, sock, *group, buf, app, polled) {
+                return;
+            }
         }
     }
 
@@ -1024,8 +1045,18 @@ impl Inner {
                 spin_wait = (spin_wait * 2).min(MAX_SPIN_WAIT);
                 continue;
             }
-            spin_wait = APP_POLL_GRACE;
-            self.progress(&mut buf, false);
+            // A pause in the polling (the application preempted, or busy
+            // between polls) is not the end of it: keep the long look-again
+            // interval unless the application has been away for longer than
+            // it, or armed a CQ to sleep. Resetting it at every pause would
+            // make each busy-poll period pay a burst of wakes again.
+            let polled = self.last_app_poll.load(Ordering::SeqCst);
+            if polled == 0
+                || self.now().as_nanos().saturating_sub(polled) > spin_wait.as_nanos() as u64
+            {
+                spin_wait = APP_POLL_GRACE;
+            }
+            self.progress(&mut buf, false, None);
             let deadline = match (self.lock().poll_timeout(), self.next_due()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

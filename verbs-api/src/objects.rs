@@ -658,25 +658,29 @@ impl CompletionQueue {
     /// thread to be scheduled.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
         let inner = &self.dev.inner;
-        let armed = {
+        let (first, armed) = {
             let mut e = inner.lock();
             let first = e.poll_cq(self.h, max)?;
-            if !first.is_empty() {
-                return Ok(first);
-            }
-            e.cq_armed(self.h)
+            (first, e.cq_armed(self.h))
         };
         // Polling an armed CQ is the last look before sleeping on its
         // channel: leave the socket to the progress thread, and hold no
-        // responses for a next poll that may not come.
+        // responses for a next poll that may not come. Any other poll,
+        // fruitful or not, says the application is driving the device:
+        // were only empty polls counted, a progress thread that took the
+        // datagrams first (so the polls find completions) would keep
+        // thinking the application idle, and keep preempting it.
         if !armed {
             inner.note_app_poll();
+        }
+        if !first.is_empty() {
+            return Ok(first);
         }
         thread_local! {
             // Big enough for any UDP datagram; reused, never zeroed again.
             static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 65536]);
         }
-        BUF.with(|b| inner.progress(&mut b.borrow_mut(), !armed));
+        BUF.with(|b| inner.progress(&mut b.borrow_mut(), !armed, Some(self.h)));
         Ok(inner.lock().poll_cq(self.h, max)?)
     }
 
