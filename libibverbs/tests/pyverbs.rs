@@ -169,6 +169,7 @@ fn rdma_core_test_suite_passes_on_rxe0() {
 fn rdma_core_rdmacm_tests_pass_on_rxe0() {
     if !have_file(SUITE, "python3-pyverbs")
         || !have_program("python3", "python3")
+        || !have_program("ip", "iproute2")
         || !have_root("network namespaces")
     {
         return;

@@ -17,7 +17,12 @@ use common::*;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn run(tag: &str, addr: &str, server: (&str, &[&str]), client: (&str, &[&str])) -> Option<Run> {
-    if !have_program(server.0, "rdmacm-utils / perftest") {
+    let package = if server.0.starts_with("ib_") {
+        "perftest"
+    } else {
+        "rdmacm-utils"
+    };
+    if !have_program(server.0, package) {
         return None;
     }
     let _s = serial();

@@ -5,6 +5,9 @@
 //! Without tshark the test says so and passes, except under CI (env `CI`
 //! set), where it fails: .ci/run installs tshark.
 
+#[path = "../../test-support/skip.rs"]
+mod skip;
+
 use std::cell::RefCell;
 use std::process::Command;
 use std::rc::Rc;
@@ -15,12 +18,7 @@ use rxe_core::{AccessFlags, AhAttr, QpType, RecvWr, SendOp, SendWr, Sge, UdDest}
 
 #[test]
 fn tshark_decodes_engine_traffic_as_rocev2() {
-    if Command::new("tshark").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "tshark is not installed; CI must install it (apt-get install tshark)"
-        );
-        eprintln!("SKIPPED: tshark is not installed (apt-get install tshark)");
+    if !skip::have_tshark() {
         return;
     }
     let mut n = Network::new(5, LinkConfig::perfect());

@@ -3,6 +3,9 @@
 //! daemon goes away. The daemon runs in a thread of the test; clients are
 //! this process and child processes.
 
+#[path = "../../test-support/skip.rs"]
+mod skip;
+
 use std::io::{Read, Write};
 use std::net::{TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -439,25 +442,11 @@ fn link_add_serves_a_new_device_and_link_delete_fails_its_users_with_device_fata
     assert!(ask("LINK SHOW").starts_with("link rxe0/1 "));
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"))
-    })
-}
-
 #[test]
 fn an_any_user_daemon_serves_other_users_and_a_per_user_daemon_refuses_them() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    if !is_root() {
-        // Switching to another uid needs root; CI runs as root.
-        assert!(
-            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
-            "this test must run as root under CI"
-        );
-        eprintln!("SKIP: needs root to run a client as another user");
+    if !skip::have_root("to run a client as another user") {
         return;
     }
     const NOBODY: u32 = 65534;

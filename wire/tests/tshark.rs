@@ -15,6 +15,8 @@
 //! Rust.
 
 mod common;
+#[path = "../../test-support/skip.rs"]
+mod skip;
 
 use std::process::Command;
 
@@ -235,21 +237,9 @@ fn synthesized() -> Vec<(IpUdpInfo, Vec<u8>, Decoded)> {
     out
 }
 
-fn tshark_available() -> bool {
-    Command::new("tshark")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 #[test]
 fn tshark_decodes_our_packets_as_rocev2() {
-    if !tshark_available() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "tshark is not installed; CI must install it (apt-get install tshark)"
-        );
-        eprintln!("SKIPPED: tshark is not installed (apt-get install tshark)");
+    if !skip::have_tshark() {
         return;
     }
 
@@ -505,12 +495,7 @@ fn cm_mads_and_expectations() -> Vec<(wire::cm::CmMad, Vec<(&'static str, String
 
 #[test]
 fn tshark_decodes_our_cm_mads() {
-    if !tshark_available() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "tshark is not installed; CI must install it (apt-get install tshark)"
-        );
-        eprintln!("SKIPPED: tshark is not installed (apt-get install tshark)");
+    if !skip::have_tshark() {
         return;
     }
     let cases = cm_mads_and_expectations();

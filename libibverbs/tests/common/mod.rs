@@ -14,42 +14,10 @@ use std::time::{Duration, Instant};
 
 use emulator_daemon::server::{Server, ServerConfig};
 
-/// Whether a missing tool must fail the test (under CI) or skip it.
-fn required() -> bool {
-    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
-}
-
-fn missing(what: &str, package: &str) -> bool {
-    assert!(
-        !required(),
-        "{what} is missing: CI must install {package} (see .ci/run)"
-    );
-    eprintln!("SKIP: {what} is missing (apt-get install {package}); this test needs it");
-    false
-}
-
-/// `path` exists, or the test is skipped (fails under CI).
-pub fn have_file(path: &str, package: &str) -> bool {
-    Path::new(path).exists() || missing(path, package)
-}
-
-/// `prog` is on PATH, or the test is skipped (fails under CI).
-pub fn have_program(prog: &str, package: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()));
-    found || missing(prog, package)
-}
-
-/// This process runs as root (for network namespaces), or the test is
-/// skipped (fails under CI, which runs as root).
-pub fn have_root(what: &str) -> bool {
-    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .is_some_and(|l| l.split_whitespace().nth(2) == Some("0"))
-    });
-    root || missing(&format!("root ({what})"), "nothing: run the test as root")
-}
+#[path = "../../../test-support/skip.rs"]
+mod skip;
+#[allow(unused_imports)]
+pub use skip::{have_file, have_program, have_root, required, skip};
 
 pub fn scratch_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("rxe-dropin-{}-{tag}", std::process::id()));
