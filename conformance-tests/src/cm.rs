@@ -95,10 +95,10 @@ pub struct MadSeen {
 
 /// Every CM MAD (a UD SEND to QP1 that parses as one) in a capture.
 pub fn cm_mads(pcap: &[u8]) -> Result<Vec<MadSeen>, String> {
-    let r = wire::pcap::PcapReader::new(pcap).map_err(|e| format!("capture: {e:?}"))?;
+    let r = wire::pcap::PcapReader::new(pcap).map_err(|e| format!("capture: {e}"))?;
     let mut out = Vec::new();
     for rec in r {
-        let rec = rec.map_err(|e| format!("capture record: {e:?}"))?;
+        let rec = rec.map_err(|e| format!("capture record: {e}"))?;
         let Ok(f) = wire::frame::parse(rec.data) else {
             continue;
         };
@@ -109,7 +109,7 @@ pub fn cm_mads(pcap: &[u8]) -> Result<Vec<MadSeen>, String> {
             continue;
         }
         let mad = CmMad::parse(p.payload)
-            .map_err(|e| format!("a datagram to QP1 from {} is no CM MAD: {e:?}", f.info.src))?;
+            .map_err(|e| format!("a datagram to QP1 from {} is no CM MAD: {e}", f.info.src))?;
         let service_id = match &mad.message {
             CmMessage::Req(m) => Some(m.service_id),
             CmMessage::SidrReq(m) => Some(m.service_id),

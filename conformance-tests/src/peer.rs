@@ -340,11 +340,11 @@ pub fn compare_roles(
 /// is an error (the capture ends with the message delivered).
 pub fn rnr_backoffs(pcap: &[u8]) -> Result<Vec<(u64, u64)>, String> {
     use wire::aeth::Syndrome;
-    let r = wire::pcap::PcapReader::new(pcap).map_err(|e| format!("capture: {e:?}"))?;
+    let r = wire::pcap::PcapReader::new(pcap).map_err(|e| format!("capture: {e}"))?;
     let mut pending: Option<(u64, u64, wire::Psn)> = None;
     let mut out = Vec::new();
     for rec in r {
-        let rec = rec.map_err(|e| format!("capture record: {e:?}"))?;
+        let rec = rec.map_err(|e| format!("capture record: {e}"))?;
         let Ok(f) = wire::frame::parse(rec.data) else {
             continue;
         };

@@ -124,9 +124,34 @@ pub fn spawn_daemon(
     let mut line = String::new();
     let out = child.stdout.take().expect("piped stdout");
     let _ = io::BufReader::new(out).read_line(&mut line);
-    if line.trim() != "ready" {
-        let status = child.wait().ok();
-        return Err(format!("rxe-emud did not start ({status:?})"));
+    let line = line.trim();
+    if line == "ready" {
+        return Ok(child.id());
     }
-    Ok(child.id())
+    // `failed: <reason>` (rxe-emud's own words), or nothing at all.
+    let status = child.wait();
+    Err(match line.strip_prefix("failed: ") {
+        Some(reason) => format!("rxe-emud could not start: {reason}"),
+        None => format!(
+            "rxe-emud ({}) {} before it was ready",
+            exe.display(),
+            match status {
+                Ok(s) => describe_exit(s),
+                Err(e) => format!("could not be waited for ({e})"),
+            }
+        ),
+    })
+}
+
+/// "exited with status 1", "was killed by signal 9 (SIGKILL)".
+pub fn describe_exit(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(name) => format!("was killed by signal {sig} ({name})"),
+            Err(_) => format!("was killed by signal {sig}"),
+        },
+        (None, None) => "ended".to_string(),
+    }
 }

@@ -242,6 +242,12 @@ fn exec(
         if let Err(e) =
             emulator_daemon::client::spawn_daemon(&daemon_exe(), socket, devices, false, true)
         {
+            if e.contains("cannot bind UDP") {
+                die(format!(
+                    "{e}\nNo rxe-emud answers on {}. If another one is running, point RXE_EMU_SOCKET at its control socket; or give this one an address of its own: rxe-emu exec --device rxe0=127.0.0.2 -- CMD",
+                    socket.display()
+                ));
+            }
             die(e);
         }
     }
@@ -296,7 +302,7 @@ fn exec(
         .env("LD_LIBRARY_PATH", path)
         .env("RXE_EMU_SOCKET", socket)
         .exec();
-    die(format!("cannot run {:?}: {err}", cmd[0]))
+    die(format!("cannot run {}: {err}", cmd[0].to_string_lossy()))
 }
 
 fn link(path: &std::path::Path, cmd: LinkCmd) {

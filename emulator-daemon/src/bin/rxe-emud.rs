@@ -55,6 +55,12 @@ fn main() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("rxe-emud: {e}");
+            // A parent waiting on our stdout (`rxe-emu start`, `exec`, the
+            // drop-in's autostart) reads the reason there; a person at a
+            // terminal has just read it on stderr.
+            if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                println!("failed: {e}");
+            }
             std::process::exit(1);
         }
     };
@@ -62,7 +68,8 @@ fn main() {
         eprintln!("rxe-emud: device {name} on {addr}:4791");
     }
     eprintln!("rxe-emud: listening on {}", cfg.socket_path.display());
-    // Tell a parent waiting on our stdout that we are ready.
+    // Tell a parent waiting on our stdout that we are ready (or, above,
+    // why we are not: `failed: <reason>`).
     println!("ready");
     if let Err(e) = server.run(&AtomicBool::new(false)) {
         eprintln!("rxe-emud: {e}");
