@@ -982,7 +982,7 @@ fn a_completion_channel_on_a_daemon_device_wakes_epoll() {
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
     use std::os::fd::AsFd;
 
-    let d = Daemon::start("chan", "rxe0=127.0.21.8", 8);
+    let d = Daemon::start("chan", "rxe0=127.0.21.14", 8);
     let a = side(d.open(), QpType::Rc);
     let dev_b = d.open();
     let pd = dev_b.alloc_pd().unwrap();
