@@ -262,6 +262,25 @@ fn route(gids: &[IpAddr], ip: IpAddr) -> IpAddr {
         .unwrap_or(ip)
 }
 
+/// The GID table kernel rxe builds for a netdev with this address (Linux
+/// 6.1, RoCE v2 entries only): the IPv6 link-local address first, then the
+/// address itself (IPv4-mapped for IPv4). A device on an IPv6 link-local
+/// address has only that entry. Loopback and other addresses without a
+/// netdev link-local get one derived (EUI-64) from a locally administered
+/// MAC made from the address, so index 1 is the IPv4 GID as on kernel rxe
+/// (`ibv_rc_pingpong -g 1`, `perftest -x 1`). The link-local entry of an
+/// IPv4 address encodes it, so it carries traffic between rxe-emu devices
+/// as the IPv4 GID does ([`gid_to_ip`]); kernel rxe peers do not
+/// know it.
+pub fn gid_table(addr: IpAddr) -> Vec<IpAddr> {
+    if let IpAddr::V6(v6) = addr {
+        if v6.segments()[0] & 0xffc0 == 0xfe80 {
+            return vec![addr];
+        }
+    }
+    vec![IpAddr::V6(derived_link_local(addr)), addr]
+}
+
 /// The GID of an IP address (IPv4 addresses are IPv4-mapped).
 pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
     match ip {

@@ -48,8 +48,8 @@ pub mod wr;
 pub use caps::{DeviceCaps, Mtu};
 pub use counters::Counters;
 pub use engine::{
-    derived_link_local, gid_to_ip, ip_to_gid, AhAttrs, Engine, EngineConfig, QpInitAttr, QpSummary,
-    RxDatagram, SrqAttr, Transmit,
+    derived_link_local, gid_table, gid_to_ip, ip_to_gid, AhAttrs, Engine, EngineConfig, QpInitAttr,
+    QpSummary, RxDatagram, SrqAttr, Transmit,
 };
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, KeySpace, MwType};

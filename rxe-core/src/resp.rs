@@ -1140,6 +1140,23 @@ fn network_header(dg: &RxDatagram<'_>) -> [u8; 40] {
     h
 }
 
+/// What a UD receive completion carries in `sl` on RoCE: the packet type,
+/// as ConnectX reports it (PRM: bit 3 set when the frame has a UDP header,
+/// RoCE v2; bits 2..0 the L3 header, 1 IPv6, 2 IPv4), so 0xA for RoCE v2
+/// over IPv4 and 0x9 over IPv6. Deliberately not kernel rxe's 0: UCX
+/// (1.13 on) reads the packet type from `sl` to know whether the 40 bytes
+/// in front of a UD message end with an IPv4 or an IPv6 header, and with 0
+/// it compares IPv4 header bytes against its GIDs and drops every UD
+/// message over IPv4 (on kernel rxe users must set
+/// `UCX_UD_VERBS_ETH_DGID_CHECK=n`). RoCE has no service level to report
+/// in its place.
+fn roce_packet_type(dg: &RxDatagram<'_>) -> u8 {
+    match (dg.src, dg.dst) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => 0x8 | 0x2,
+        _ => 0x8 | 0x1,
+    }
+}
+
 /// UD receive (kernel: check Q_Key, GRH first, then the payload).
 fn ud_receive<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, dg: &RxDatagram<'_>) {
     let Some(deth) = pkt.deth else {
@@ -1202,6 +1219,7 @@ fn ud_receive<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, dg
     wc.byte_len = need as u32;
     wc.src_qp = deth.src_qpn;
     wc.wc_flags = WcFlags::GRH;
+    wc.sl = roce_packet_type(dg);
     if let Some(imm) = pkt.immdt {
         wc.wc_flags |= WcFlags::WITH_IMM;
         wc.imm_data = imm.imm;

@@ -745,15 +745,63 @@ fn ud_send_with_grh() {
     assert_eq!(rc[0].byte_len, 240);
     assert_eq!(rc[0].src_qp, a.qpn);
     assert!(rc[0].wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+    // The packet type, as ConnectX reports it in `sl` (RoCE v2 over IPv4):
+    // UCX reads it to find the destination address in the 40 bytes.
+    assert_eq!(rc[0].sl, 0xA);
     let grh = read(&mut n, 1, rb.addr, 40);
     assert_eq!(&grh[..20], &[0u8; 20]);
     assert_eq!(grh[20], 0x45, "IPv4 header in the second half of the GRH");
     assert_eq!(&grh[32..36], &[10, 0, 0, 1]);
+    // The destination address ends the 40 bytes (what UCX compares with
+    // its own address).
+    assert_eq!(&grh[36..40], &[10, 0, 0, 2]);
     assert_eq!(
         read(&mut n, 1, rb.addr + 40, 200),
         read(&mut n, 0, src.addr, 200)
     );
     assert_eq!(n.node(1).counters().rcvd_qkey_err, 1);
+}
+
+/// Over IPv6 the 40 bytes are the IPv6 header and `sl` says so (0x9).
+#[test]
+fn ud_over_ipv6_reports_the_ipv6_packet_type() {
+    let mut n = Network::new(41, LinkConfig::perfect());
+    n.add_node(node_config("fd00::1".parse().unwrap(), 41));
+    n.add_node(node_config("fd00::2".parse().unwrap(), 42));
+    let a = n.create_endpoint(0, QpType::Ud, None, None, 8).unwrap();
+    let b = n.create_endpoint(1, QpType::Ud, None, None, 8).unwrap();
+    n.activate_ud(&a, 0x1111, 5).unwrap();
+    n.activate_ud(&b, 0x2222, 9).unwrap();
+    let src = buf(&mut n, 0, a.pd, 16, AccessFlags::empty());
+    let rb = buf(&mut n, 1, b.pd, 56, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 1, &rb);
+    let dgid: std::net::Ipv6Addr = "fd00::2".parse().unwrap();
+    let ah = n
+        .node(0)
+        .create_ah(
+            a.pd,
+            &AhAttr {
+                dgid: dgid.octets(),
+                is_global: true,
+                port_num: 1,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    let mut wr = SendWr::new(1, SendOp::Send, vec![sge(&src)]);
+    wr.ud = Some(UdDest {
+        ah,
+        remote_qpn: b.qpn,
+        remote_qkey: 0x2222,
+    });
+    post(&mut n, &a, wr);
+    settle(&mut n);
+    let rc = drain(&mut n, &b);
+    assert_eq!(rc.len(), 1);
+    assert_eq!(rc[0].sl, 0x9);
+    let grh = read(&mut n, 1, rb.addr, 40);
+    assert_eq!(grh[0] >> 4, 6);
+    assert_eq!(&grh[24..40], &dgid.octets());
 }
 
 #[test]

@@ -1107,24 +1107,7 @@ fn is_response(payload: &[u8]) -> bool {
         .is_some_and(|i| !i.flags.contains(wire::OpFlags::REQ))
 }
 
-/// The GID table kernel rxe builds for a netdev with this address (Linux
-/// 6.1, RoCE v2 entries only): the IPv6 link-local address first, then the
-/// address itself (IPv4-mapped for IPv4). A device on an IPv6 link-local
-/// address has only that entry. Loopback and other addresses without a
-/// netdev link-local get one derived (EUI-64) from a locally administered
-/// MAC made from the address, so index 1 is the IPv4 GID as on kernel rxe
-/// (`ibv_rc_pingpong -g 1`, `perftest -x 1`). The link-local entry of an
-/// IPv4 address encodes it, so it carries traffic between rxe-emu devices
-/// as the IPv4 GID does ([`rxe_core::gid_to_ip`]); kernel rxe peers do not
-/// know it.
-pub fn gid_table(addr: IpAddr) -> Vec<IpAddr> {
-    if let IpAddr::V6(v6) = addr {
-        if v6.segments()[0] & 0xffc0 == 0xfe80 {
-            return vec![addr];
-        }
-    }
-    vec![IpAddr::V6(rxe_core::derived_link_local(addr)), addr]
-}
+pub use rxe_core::gid_table;
 
 impl Device {
     /// Open a device on `cfg.addr`, owning UDP port 4791 there.
