@@ -41,7 +41,6 @@ pub mod pcap_check;
 pub mod proto;
 pub mod server;
 mod steer;
-pub mod sysfs;
 pub mod trace;
 
 pub use proto::{default_socket_path, DeviceInfo};

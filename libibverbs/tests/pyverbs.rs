@@ -161,8 +161,8 @@ fn rdma_core_test_suite_passes_on_rxe0() {
 
 /// The RDMA CM tests of rdma-core's suite (`test_rdmacm.py`): both
 /// processes of each test find rxe0's address through
-/// `/sys/class/infiniband/rxe0/device/net/` (given by `rxe-emu exec
-/// --sysfs`) and connect through our librdmacm. They run in a network
+/// `/sys/class/infiniband/rxe0/device/net/` (`rxe-emu exec` shows the
+/// device there) and connect through our librdmacm. They run in a network
 /// namespace of their own, where rxe0 is on `lo`'s only address,
 /// 127.0.0.1, the address the suite picks.
 #[test]
@@ -197,7 +197,7 @@ fn rdma_core_rdmacm_tests_pass_on_rxe0() {
         .arg(&cli)
         .arg("--socket")
         .arg(&socket)
-        .args(["exec", "--device", "rxe0=127.0.0.1", "--sysfs", "--"])
+        .args(["exec", "--device", "rxe0=127.0.0.1", "--"])
         .args([
             "/usr/bin/python3",
             "tests/run_tests.py",

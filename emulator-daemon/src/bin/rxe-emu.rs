@@ -93,16 +93,18 @@ enum Cmd {
     },
     /// Run a program on rxe-emu: start the daemon (with its default device
     /// rxe0=127.0.0.1, or --device ones) if it is not running, point the
-    /// program's libibverbs at ours (LD_LIBRARY_PATH), and run it.
-    /// Unmodified rdma-core programs then find rxe0.
+    /// program's libibverbs and librdmacm at ours (LD_LIBRARY_PATH), show
+    /// it the devices where kernel rxe's would be (/sys/class/infiniband,
+    /// /dev/infiniband; LD_PRELOAD of librxe_emu_preload.so), and run it.
+    /// Unmodified rdma-core programs and middleware (UCX, libfabric, MPI)
+    /// then find rxe0.
     Exec {
         /// Devices for a daemon this command starts: NAME=ADDR[/MTU].
         #[arg(long = "device", value_name = "NAME=ADDR[/MTU]")]
         devices: Vec<String>,
-        /// Show the daemon's devices in /sys/class/infiniband to CMD (a
-        /// private mount namespace; a user namespace too when not root),
-        /// for tools that look devices up in sysfs.
-        #[arg(long)]
+        /// Accepted for old scripts: the devices are always shown in
+        /// /sys/class/infiniband now, with no namespace.
+        #[arg(long, hide = true)]
         sysfs: bool,
         /// The program and its arguments.
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
@@ -234,7 +236,7 @@ fn dropin_library() -> Option<PathBuf> {
 fn exec(
     socket: &std::path::Path,
     devices: &[String],
-    sysfs: bool,
+    _sysfs: bool,
     cmd: &[std::ffi::OsString],
 ) -> ! {
     use std::os::unix::process::CommandExt;
@@ -292,17 +294,52 @@ fn exec(
         path.push(":");
         path.push(old);
     }
-    if sysfs {
-        let status = emulator_daemon::client::request(socket, "STATUS").unwrap_or_else(|e| die(e));
-        let devs = emulator_daemon::sysfs::devices_of_status(&status);
-        emulator_daemon::sysfs::enter_view(&devs).unwrap_or_else(|e| die(format!("--sysfs: {e}")));
-    }
-    let err = std::process::Command::new(&cmd[0])
+    let mut command = std::process::Command::new(&cmd[0]);
+    command
         .args(&cmd[1..])
         .env("LD_LIBRARY_PATH", path)
-        .env("RXE_EMU_SOCKET", socket)
-        .exec();
+        .env("RXE_EMU_SOCKET", socket);
+    if std::env::var_os("RXE_EMU_PRELOAD").is_none_or(|v| v != "0") {
+        show_devices(socket, &dir, &lib, &mut command);
+    }
+    let err = command.exec();
     die(format!("cannot run {}: {err}", cmd[0].to_string_lossy()))
+}
+
+/// Shows the daemon's devices to the program where kernel rxe's would be:
+/// writes the view of them (`around_device::view`) next to the daemon's
+/// socket and preloads `librxe_emu_preload.so` (found beside our
+/// libibverbs), which redirects the program's file calls on
+/// /sys/class/infiniband, /dev/infiniband... into it.
+fn show_devices(
+    socket: &std::path::Path,
+    libdir: &std::path::Path,
+    dropin: &std::path::Path,
+    command: &mut std::process::Command,
+) {
+    let preload = dropin.with_file_name(if dropin.ends_with("libibverbs.so") {
+        "librxe_emu_preload.so"
+    } else {
+        "librxe_emu_preload.so.1"
+    });
+    if !preload.exists() {
+        eprintln!(
+            "rxe-emu exec: {} is missing, so the program will not see the devices in /sys/class/infiniband or /dev/infiniband (UCX, libfabric and MPI need them); build it: cargo build --release -p rxe-emu-preload",
+            preload.display()
+        );
+        return;
+    }
+    let status = emulator_daemon::client::request(socket, "STATUS").unwrap_or_else(|e| die(e));
+    let devs = around_device::view::devices_of_status(&status);
+    let base = libdir.parent().unwrap_or(libdir).join("views");
+    let view = around_device::view::ensure(&base, &devs)
+        .unwrap_or_else(|e| die(format!("cannot write the view of the devices: {e}")));
+    let mut pre = std::ffi::OsString::from(preload.as_os_str());
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        pre.push(":");
+        pre.push(old);
+    }
+    command.env("LD_PRELOAD", pre).env("RXE_EMU_VIEW", view);
 }
 
 fn link(path: &std::path::Path, cmd: LinkCmd) {
