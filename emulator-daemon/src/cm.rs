@@ -467,6 +467,13 @@ impl CmService {
         } else {
             match self.dev_of_addr(addr) {
                 Some(d) => Some(self.devices[d].name.clone()),
+                // Kernel rdma_cm (measured on Linux 6.1 with rxe0 on eth0:
+                // rdma_server -s 127.0.0.1 listens) binds a loopback
+                // address no device has without a device, like the
+                // wildcard; libfabric's verbs provider relies on it (its
+                // passive fi_getinfo binds "localhost" and, finding no
+                // device on the id, offers every device's addresses).
+                None if addr.is_loopback() => None,
                 None => {
                     return Err(err(
                         libc::EADDRNOTAVAIL,
@@ -1828,6 +1835,21 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(e.errno, libc::EADDRNOTAVAIL);
+        // A loopback address no device has: bound, to no device (kernel
+        // rdma_cm does the same).
+        let lo = n.id('b', 0x106);
+        let r = n
+            .req(
+                'b',
+                1,
+                Request::Bind {
+                    id: lo,
+                    addr: ip("127.0.0.1"),
+                    port: 0,
+                },
+            )
+            .unwrap();
+        assert!(!r.contains("device="), "{r}");
         // Port 0: an ephemeral one.
         let r = n
             .req(
