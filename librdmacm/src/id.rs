@@ -704,7 +704,9 @@ pub unsafe extern "C" fn rxe_rdma_connect(
                 srq = !(*c.qp()).srq.is_null();
             }
         }
-        let (retry, rnr) = p.map_or((7, 7), |p| (p.retry_count, p.rnr_retry_count));
+        // Kernel rdma_cm (`cma_connect_ib`) caps both at 7, the width of
+        // the REQ's fields; libfabric asks for retry_count 15.
+        let (retry, rnr) = p.map_or((7, 7), |p| (p.retry_count.min(7), p.rnr_retry_count.min(7)));
         let mut pd = std::mem::take(&mut c.st().connect_data);
         // SAFETY: the program's private data.
         pd.extend(unsafe { private_data(p) });
@@ -794,8 +796,9 @@ pub unsafe extern "C" fn rxe_rdma_accept(
                 responder_resources: rr,
                 initiator_depth: ini,
                 flow_control: p.map_or(0, |p| p.flow_control),
-                retry_count: p.map_or(7, |p| p.retry_count),
-                rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
+                // Capped at 7 as kernel rdma_cm caps them (`cma_accept_ib`).
+                retry_count: p.map_or(7, |p| p.retry_count.min(7)),
+                rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
                 srq,
                 qp_num,
                 psn: st.seq_num,

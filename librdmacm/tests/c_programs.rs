@@ -72,6 +72,31 @@ fn reject_with_private_data_reaches_the_client() {
     );
 }
 
+/// Retry counts above 7 (libfabric asks for 15) are capped at 7 as
+/// kernel rdma_cm caps them, on both sides: the connection is made and
+/// the QP gets 7, instead of the QP refusing the count at RTS.
+#[test]
+fn retry_counts_above_7_are_capped_as_kernel_rdma_cm_caps_them() {
+    let dir = scratch_dir("retries");
+    let Some(exe) = compile_c("cm_edges", &dir) else {
+        return;
+    };
+    let exe = exe.to_str().unwrap();
+    let _s = serial();
+    let a = "127.0.98.4";
+    let d = Daemon::start("retries", &format!("rxe0={a}"));
+    let r = client_server_retrying(
+        &d,
+        (exe, &["acceptor", a, "7103"]),
+        (exe, &["retries", a, "7103"]),
+        Duration::from_secs(30),
+    );
+    assert!(r.ok(), "{}", r.text());
+    let (s, c) = r.stdout();
+    assert!(s.contains("OK acceptor"), "{}", r.text());
+    assert!(c.contains("OK retries capped at 7"), "{}", r.text());
+}
+
 #[test]
 fn no_daemon_is_enodev_and_dgram_rsockets_are_enosys() {
     let dir = scratch_dir("nodaemon");

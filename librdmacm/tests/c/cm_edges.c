@@ -10,6 +10,13 @@
  *   cm_edges unreachable SRC ADDR PORT
  *                                connect from SRC to an address no CM answers on;
  *                                expect RDMA_CM_EVENT_UNREACHABLE, status -110
+ *   cm_edges acceptor ADDR PORT  listen, accept one request with rnr_retry_count 9,
+ *                                wait for ESTABLISHED and the peer's DISCONNECTED
+ *   cm_edges retries ADDR PORT   connect with retry_count 15 and rnr_retry_count 12
+ *                                (libfabric asks for 15): kernel rdma_cm caps both
+ *                                at 7, the width of the CM fields; expect
+ *                                ESTABLISHED and a QP with retry_cnt 7 and
+ *                                rnr_retry 7, then disconnect
  *   cm_edges nodaemon            rdma_create_event_channel fails with ENODEV;
  *                                rdma_event_str; a stream rsocket fails with
  *                                ENODEV (rstream then says "No RDMA devices
@@ -105,9 +112,86 @@ static void server(const char *ip, const char *port)
 	printf("OK server rejected\n");
 }
 
+static struct rdma_cm_id *connect_with(struct rdma_event_channel *ch, const char *src,
+					const char *ip, const char *port, uint8_t retry,
+					uint8_t rnr_retry);
+
 /* Resolve, route and connect with a QP whose CQs the library makes. */
 static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, const char *src,
 				      const char *ip, const char *port)
+{
+	return connect_with(ch, src, ip, port, 7, 7);
+}
+
+static void acceptor(const char *ip, const char *port)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *listen_id;
+	struct sockaddr_in a = addr_of(ip, port);
+	if (!ch)
+		fail("rdma_create_event_channel", errno);
+	if (rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP) ||
+	    rdma_bind_addr(listen_id, (struct sockaddr *)&a) || rdma_listen(listen_id, 4))
+		fail("listen", errno);
+	printf("READY\n");
+	fflush(stdout);
+	struct rdma_cm_event *ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	struct rdma_cm_id *child = ev->id;
+	if (ev->param.conn.retry_count != 7 || ev->param.conn.rnr_retry_count != 7) {
+		printf("FAIL: request carries retry_count %d rnr_retry_count %d, expected 7 7\n",
+		       ev->param.conn.retry_count, ev->param.conn.rnr_retry_count);
+		exit(1);
+	}
+	rdma_ack_cm_event(ev);
+	struct ibv_qp_init_attr qa = {
+		.cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_RC,
+	};
+	if (rdma_create_qp(child, NULL, &qa))
+		fail("rdma_create_qp", errno);
+	struct rdma_conn_param cp = {
+		.responder_resources = 1, .initiator_depth = 1, .rnr_retry_count = 9,
+	};
+	if (rdma_accept(child, &cp))
+		fail("rdma_accept", errno);
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
+	rdma_disconnect(child);
+	rdma_destroy_qp(child);
+	rdma_destroy_id(child);
+	rdma_destroy_id(listen_id);
+	rdma_destroy_event_channel(ch);
+	printf("OK acceptor\n");
+}
+
+static void retries(const char *ip, const char *port)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	if (!ch)
+		fail("rdma_create_event_channel", errno);
+	struct rdma_cm_id *id = connect_with(ch, NULL, ip, port, 15, 12);
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr ia;
+	if (ibv_query_qp(id->qp, &qa, IBV_QP_STATE | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &ia))
+		fail("ibv_query_qp", errno);
+	if (qa.qp_state != IBV_QPS_RTS || qa.retry_cnt != 7 || qa.rnr_retry != 7) {
+		printf("FAIL: QP state %d retry_cnt %d rnr_retry %d, expected RTS 7 7\n", qa.qp_state,
+		       qa.retry_cnt, qa.rnr_retry);
+		exit(1);
+	}
+	if (rdma_disconnect(id))
+		fail("rdma_disconnect", errno);
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_DISCONNECTED));
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+	printf("OK retries capped at 7\n");
+}
+
+static struct rdma_cm_id *connect_with(struct rdma_event_channel *ch, const char *src,
+				       const char *ip, const char *port, uint8_t retry,
+				       uint8_t rnr_retry)
 {
 	struct rdma_cm_id *id;
 	struct sockaddr_in a = addr_of(ip, port);
@@ -134,7 +218,8 @@ static struct rdma_cm_id *connect_to(struct rdma_event_channel *ch, const char *
 		fail("rdma_create_qp left the id without QP/CQs/PD", EINVAL);
 	struct rdma_conn_param cp = {
 		.private_data = "hello", .private_data_len = 5,
-		.responder_resources = 1, .initiator_depth = 1, .retry_count = 7, .rnr_retry_count = 7,
+		.responder_resources = 1, .initiator_depth = 1, .retry_count = retry,
+		.rnr_retry_count = rnr_retry,
 	};
 	if (rdma_connect(id, &cp))
 		fail("rdma_connect", errno);
@@ -223,10 +308,15 @@ int main(int argc, char **argv)
 		server(argv[2], argv[3]);
 	else if (argc == 4 && !strcmp(argv[1], "client"))
 		client(argv[2], argv[3]);
+	else if (argc == 4 && !strcmp(argv[1], "acceptor"))
+		acceptor(argv[2], argv[3]);
+	else if (argc == 4 && !strcmp(argv[1], "retries"))
+		retries(argv[2], argv[3]);
 	else if (argc == 5 && !strcmp(argv[1], "unreachable"))
 		unreachable(argv[2], argv[3], argv[4]);
 	else
-		fail("usage: cm_edges server|client ADDR PORT | unreachable SRC ADDR PORT | nodaemon",
+		fail("usage: cm_edges server|client|acceptor|retries ADDR PORT | unreachable SRC ADDR "
+		     "PORT | nodaemon",
 		     EINVAL);
 	return 0;
 }
