@@ -45,7 +45,8 @@ pub struct DeviceCaps {
     pub max_sge_rd: u32,
     /// Number of CQs: `RXE_MAX_CQ` (`DEFAULT_MAX_VALUE`).
     pub max_cq: u32,
-    /// Entries per CQ: `(1 << RXE_MAX_LOG_CQE) - 1` (32767).
+    /// Entries per CQ: ConnectX's 4194303, not kernel rxe's
+    /// `(1 << RXE_MAX_LOG_CQE) - 1` (32767); see `default`.
     pub max_cqe: u32,
     /// Number of MRs: `RXE_MAX_MR` = `RXE_MAX_MR_INDEX - RXE_MIN_MR_INDEX`
     /// (524287); the MR and MW index spaces split `DEFAULT_MAX_VALUE` in two.
@@ -112,7 +113,13 @@ impl Default for DeviceCaps {
             max_recv_sge: 32,
             max_sge_rd: 32,
             max_cq: RXE_DEFAULT_MAX_VALUE,
-            max_cqe: (1 << 15) - 1,
+            // Deliberately not kernel rxe's 2^15 - 1 but ConnectX's
+            // 2^22 - 1: libfabric's ofi_rxm asks for 256 entries per peer
+            // of FI_UNIVERSE_SIZE (default 1024), 262144, and on kernel
+            // rxe fails unless FI_UNIVERSE_SIZE <= 127. A CQ's entries are
+            // only allocated as completions arrive, so a large limit
+            // costs nothing.
+            max_cqe: (1 << 22) - 1,
             max_mr: mr_index_max - 1,
             max_mw: RXE_DEFAULT_MAX_VALUE - (mr_index_max + 1),
             max_pd: RXE_DEFAULT_MAX_VALUE,
@@ -271,7 +278,7 @@ mod tests {
         assert_eq!(c.max_qp_wr, 1_048_576);
         assert_eq!((c.max_send_sge, c.max_recv_sge, c.max_sge_rd), (32, 32, 32));
         assert_eq!(c.max_cq, 1_048_576);
-        assert_eq!(c.max_cqe, 32_767);
+        assert_eq!(c.max_cqe, 4_194_303);
         assert_eq!(c.max_mr, 524_287);
         assert_eq!(c.max_pd, 1_048_576);
         assert_eq!(c.max_qp_rd_atom, 128);
