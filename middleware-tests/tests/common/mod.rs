@@ -33,18 +33,37 @@ pub fn cli() -> PathBuf {
 pub struct Rxe {
     pub socket: PathBuf,
     dir: PathBuf,
+    /// The network namespace the daemon and the programs run in.
+    netns: Option<String>,
 }
 
 impl Rxe {
     /// `rxe-emu start --device <device>` on a socket of this test's.
     pub fn start(tag: &str, device: &str) -> Rxe {
+        Self::start_in(None, tag, device)
+    }
+
+    /// `cli()`, inside `netns` if there is one.
+    fn cli_command(netns: Option<&str>) -> Command {
+        match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(cli());
+                c
+            }
+            None => Command::new(cli()),
+        }
+    }
+
+    /// As [`Rxe::start`], in network namespace `netns` (see [`Netns`]).
+    pub fn start_in(netns: Option<&str>, tag: &str, device: &str) -> Rxe {
         let dir = scratch_dir(&format!("mw-{tag}"));
         let socket = dir.join("rxe-emud.sock");
         // The daemon inherits the output of `rxe-emu start`: a file, not
         // a pipe that would never end.
         let log = dir.join("start.log");
         let f = std::fs::File::create(&log).unwrap();
-        let status = Command::new(cli())
+        let status = Self::cli_command(netns)
             .arg("--socket")
             .arg(&socket)
             .args(["start", "--device", device])
@@ -58,12 +77,16 @@ impl Rxe {
             "rxe-emu start --device {device}: {}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        Rxe { socket, dir }
+        Rxe {
+            socket,
+            dir,
+            netns: netns.map(str::to_string),
+        }
     }
 
     /// `rxe-emu exec -- <prog>`, output captured.
     pub fn exec(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new(cli());
+        let mut c = Self::cli_command(self.netns.as_deref());
         self.exec_args(&mut c, prog);
         c
     }
@@ -91,7 +114,7 @@ impl Rxe {
 
     /// `rxe-emu status`.
     pub fn status(&self) -> String {
-        let out = Command::new(cli())
+        let out = Self::cli_command(self.netns.as_deref())
             .arg("--socket")
             .arg(&self.socket)
             .arg("status")
@@ -113,7 +136,7 @@ impl Rxe {
 
 impl Drop for Rxe {
     fn drop(&mut self) {
-        let _ = Command::new(cli())
+        let _ = Self::cli_command(self.netns.as_deref())
             .arg("--socket")
             .arg(&self.socket)
             .arg("stop")
@@ -175,6 +198,25 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// Whether something listens on TCP `port` in the network namespace of
+/// process `pid` (the server, which may run in another namespace).
+pub fn listening_in(pid: u32, port: u16) -> bool {
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() > 3
+                    && w[3] == "0A"
+                    && w[1]
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| u16::from_str_radix(p, 16).ok())
+                        == Some(port)
+            })
+        })
+    })
+}
+
 /// A server and a client of one run; both must succeed.
 pub struct Pair {
     pub server: Output,
@@ -203,7 +245,7 @@ impl Pair {
 pub fn server_client(mut server: Command, port: u16, mut client: Command, limit: Duration) -> Pair {
     let s = server.spawn().unwrap();
     let start = Instant::now();
-    while !listening(port) && start.elapsed() < Duration::from_secs(20) {
+    while !listening_in(s.id(), port) && start.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let (client, _) = wait_limited(client.spawn().unwrap(), limit);
@@ -214,4 +256,43 @@ pub fn server_client(mut server: Command, port: u16, mut client: Command, limit:
     };
     let (server, _) = wait_limited(s, slimit);
     Pair { server, client }
+}
+
+/// A network namespace with a veth pair whose two ends carry `a` and `b`
+/// (/24), as a host with a real network interface has: libfabric's verbs
+/// provider, like kernel rxe, will not use a device on a loopback
+/// interface. Deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(name: &str, a: &str, b: &str) -> Netns {
+        let _ = Command::new("ip").args(["netns", "del", name]).status();
+        let run = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {}", text(&out));
+        };
+        run(&["netns", "add", name]);
+        let ns = |args: &[&str]| {
+            let mut v = vec!["netns", "exec", name, "ip"];
+            v.extend_from_slice(args);
+            run(&v);
+        };
+        ns(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
+        ns(&["addr", "add", &format!("{a}/24"), "dev", "va"]);
+        ns(&["addr", "add", &format!("{b}/24"), "dev", "vb"]);
+        for dev in ["lo", "va", "vb"] {
+            ns(&["link", "set", dev, "up"]);
+        }
+        Netns { name: name.into() }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
 }
