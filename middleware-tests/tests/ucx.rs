@@ -248,3 +248,75 @@ fn middleware_sees_rxe0_where_namespaces_are_denied() {
     let r = server_client(cmd(false), 17400, cmd(true), LIMIT);
     assert!(r.ok(), "{}", r.text());
 }
+
+/// A normal user, where namespaces are denied too: `rxe-emu exec` run as
+/// uid 65534 (its own daemon, its own view) shows UCX the device. The
+/// programs are copied where that user can reach them (the build tree may
+/// be private to root).
+#[test]
+fn a_normal_user_without_namespaces_gets_rxe0_in_ucx() {
+    if !have_ucx() || !have_root("to run a program as another user") {
+        return;
+    }
+    let Some(deny) = deny_ns() else { return };
+    if !have_program("setpriv", "util-linux") {
+        return;
+    }
+    let _s = serial();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch_dir("nobody");
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for f in [
+        "rxe-emu",
+        "rxe-emud",
+        "libibverbs.so",
+        "librdmacm.so",
+        "librxe_emu_preload.so",
+    ] {
+        std::fs::copy(profile_dir().join(f), bin.join(f)).unwrap();
+    }
+    std::fs::copy(&deny, bin.join("deny-ns")).unwrap();
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    for d in [&dir, &bin, &run_dir] {
+        let mode = if d == &run_dir { 0o777 } else { 0o755 };
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let socket = run_dir.join("rxe-emud.sock");
+    let as_nobody = |args: &[&str]| {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(bin.join("deny-ns"))
+            .arg(bin.join("rxe-emu"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("LD_PRELOAD")
+            .env("HOME", &run_dir)
+            .env_remove("XDG_RUNTIME_DIR")
+            .stdin(std::process::Stdio::null());
+        c
+    };
+    let out = as_nobody(&[
+        "exec",
+        "--device",
+        "rxe0=127.0.61.6",
+        "--",
+        "sh",
+        "-c",
+        "id -u; ucx_info -d",
+    ])
+    .output()
+    .unwrap();
+    let stop = as_nobody(&["stop"]).output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.starts_with("65534\n"), "{t}");
+    assert!(
+        t.contains("# Memory domain: rxe0") && t.contains("Transport: ud_verbs"),
+        "{t}"
+    );
+    assert!(stop.status.success(), "{}", text(&stop));
+}
