@@ -69,30 +69,13 @@ fn is_root() -> bool {
     })
 }
 
-/// pml ucx over rc_verbs and ud_verbs only (no shared memory, no TCP).
-const UCX: &[&str] = &[
-    "--mca",
-    "pml",
-    "ucx",
-    "--mca",
-    "btl",
-    "self",
-    "--mca",
-    "osc",
-    "ucx",
-    "-x",
-    "UCX_TLS=rc_verbs,ud_verbs,self",
-    "-x",
-    "UCX_NET_DEVICES=rxe0:1",
-];
-
 #[test]
 fn open_mpi_over_ucx_2_and_4_ranks() {
     let Some(exe) = mpi_check() else { return };
     let _s = serial();
     let d = Rxe::start("mpi-ucx", "rxe0=127.0.62.1");
     for np in [2, 4] {
-        run(&d, np, UCX, &exe, None);
+        run(&d, np, MPI_OVER_UCX, &exe, None);
     }
 }
 

@@ -136,24 +136,8 @@ fn ucx_and_open_mpi_across_two_hosts_each_with_its_own_rxe_emud() {
         "plm_rsh_agent",
     ])
     .arg(&agent)
-    .args([
-        "--mca",
-        "oob_tcp_if_include",
-        "10.89.2.0/24",
-        "--mca",
-        "pml",
-        "ucx",
-        "--mca",
-        "btl",
-        "self",
-        "--mca",
-        "osc",
-        "ucx",
-        "-x",
-        "UCX_TLS=rc_verbs,ud_verbs,self",
-        "-x",
-        "UCX_NET_DEVICES=rxe0:1",
-    ])
+    .args(["--mca", "oob_tcp_if_include", "10.89.2.0/24"])
+    .args(MPI_OVER_UCX)
     .arg(&exe);
     let (out, timed_out) = wait_limited(c.spawn().unwrap(), LIMIT);
     let t = text(&out);

@@ -323,51 +323,42 @@ path_first!(lgetxattr, R_LGETXATTR, ssize_t, -1, (name: *const c_char, value: *m
 path_first!(listxattr, R_LISTXATTR, ssize_t, -1, (list: *mut c_char, size: size_t));
 path_first!(llistxattr, R_LLISTXATTR, ssize_t, -1, (list: *mut c_char, size: size_t));
 
-#[no_mangle]
-pub unsafe extern "C" fn __fxstatat(
-    ver: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    st: *mut c_void,
-    flags: c_int,
-) -> c_int {
-    let mut buf: Buf = [0; libc::PATH_MAX as usize];
-    // SAFETY: the program passes a C string (or NULL).
-    let p = unsafe { map(path, &mut buf) };
-    call!(
-        R_FXSTATAT
-            as unsafe extern "C" fn(c_int, c_int, *const c_char, *mut c_void, c_int) -> c_int,
-        -1,
-        ver,
-        dirfd,
-        p,
-        st,
-        flags
-    )
+/// Defines `__fxstatat`-style `name(ver, dirfd, path, buf, flags)`.
+macro_rules! ver_at_path {
+    ($name:ident, $real:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            ver: c_int,
+            dirfd: c_int,
+            path: *const c_char,
+            st: *mut c_void,
+            flags: c_int,
+        ) -> c_int {
+            let mut buf: Buf = [0; libc::PATH_MAX as usize];
+            // SAFETY: the program passes a C string (or NULL).
+            let p = unsafe { map(path, &mut buf) };
+            call!(
+                $real
+                    as unsafe extern "C" fn(
+                        c_int,
+                        c_int,
+                        *const c_char,
+                        *mut c_void,
+                        c_int,
+                    ) -> c_int,
+                -1,
+                ver,
+                dirfd,
+                p,
+                st,
+                flags
+            )
+        }
+    };
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn __fxstatat64(
-    ver: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    st: *mut c_void,
-    flags: c_int,
-) -> c_int {
-    let mut buf: Buf = [0; libc::PATH_MAX as usize];
-    // SAFETY: as above.
-    let p = unsafe { map(path, &mut buf) };
-    call!(
-        R_FXSTATAT64
-            as unsafe extern "C" fn(c_int, c_int, *const c_char, *mut c_void, c_int) -> c_int,
-        -1,
-        ver,
-        dirfd,
-        p,
-        st,
-        flags
-    )
-}
+ver_at_path!(__fxstatat, R_FXSTATAT);
+ver_at_path!(__fxstatat64, R_FXSTATAT64);
 
 // The resolving calls answer with the kernel's path: the view is taken
 // off what they resolved (`<view>/sys/devices/virtual/infiniband/rxe0` ->

@@ -185,8 +185,14 @@ pub fn wait_limited(mut child: Child, limit: Duration) -> (Output, bool) {
 
 /// Whether something listens on TCP `port` (IPv4 or IPv6, any address).
 pub fn listening(port: u16) -> bool {
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
+    listening_in(std::process::id(), port)
+}
+
+/// Whether something listens on TCP `port` in the network namespace of
+/// process `pid` (a server may run in another namespace than the test).
+pub fn listening_in(pid: u32, port: u16) -> bool {
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
             t.lines().skip(1).any(|l| {
                 let w: Vec<&str> = l.split_whitespace().collect();
                 w.len() > 3

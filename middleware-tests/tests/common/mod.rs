@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 mod dropin;
 #[allow(unused_imports)]
 pub use dropin::{
-    have_file, have_program, have_root, listening, profile_dir, required, scratch_dir, serial,
-    skip, wait_limited,
+    have_file, have_program, have_root, listening, listening_in, profile_dir, required,
+    scratch_dir, serial, skip, wait_limited,
 };
 
 /// `target/<profile>/rxe-emu`, which finds our libraries beside itself.
@@ -198,25 +198,6 @@ pub fn text(o: &Output) -> String {
     )
 }
 
-/// Whether something listens on TCP `port` in the network namespace of
-/// process `pid` (the server, which may run in another namespace).
-pub fn listening_in(pid: u32, port: u16) -> bool {
-    ["tcp", "tcp6"].iter().any(|f| {
-        std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                w.len() > 3
-                    && w[3] == "0A"
-                    && w[1]
-                        .rsplit(':')
-                        .next()
-                        .and_then(|p| u16::from_str_radix(p, 16).ok())
-                        == Some(port)
-            })
-        })
-    })
-}
-
 /// A server and a client of one run; both must succeed.
 pub struct Pair {
     pub server: Output,
@@ -296,3 +277,21 @@ impl Drop for Netns {
             .status();
     }
 }
+
+/// Open MPI over UCX on rxe0 only: pml ucx, one-sided through UCX, no
+/// shared memory or TCP transport.
+pub const MPI_OVER_UCX: &[&str] = &[
+    "--mca",
+    "pml",
+    "ucx",
+    "--mca",
+    "btl",
+    "self",
+    "--mca",
+    "osc",
+    "ucx",
+    "-x",
+    "UCX_TLS=rc_verbs,ud_verbs,self",
+    "-x",
+    "UCX_NET_DEVICES=rxe0:1",
+];
