@@ -201,6 +201,12 @@ struct Client {
 /// Most trace output queued for a slow reader; more is dropped.
 const MAX_OUT: usize = 16 << 20;
 
+/// The longest line a client may send: a traced process's `P` line
+/// carries a whole datagram in hex, and a UDP datagram has at most 65535
+/// bytes (a full-size RoCEv2 packet of path MTU 4096 makes a line of
+/// about 8.5 KB), plus its addresses and ports.
+const MAX_LINE: usize = 2 * 65536 + 1024;
+
 /// A bound daemon, ready to [`Server::run`].
 pub struct Server {
     cfg: ServerConfig,
@@ -705,9 +711,9 @@ impl Server {
                     }
                 }
                 // Many whole lines (a traced process's burst of packet
-                // lines) are fine; one line longer than 4 KiB is not: nobody
-                // needs a request that long, it is a confused peer.
-                if partial > 4096 {
+                // lines) are fine; one line longer than MAX_LINE is not:
+                // nobody needs a request that long, it is a confused peer.
+                if partial > MAX_LINE {
                     closed = true;
                     break;
                 }

@@ -119,6 +119,18 @@ fn side(dev: Device, ty: QpType) -> Side {
 }
 
 fn connect(me: &Side, peer_qpn: u32, peer_gid: [u8; 16], timeout: u8, retry: u8, rq_psn: u32) {
+    connect_mtu(me, peer_qpn, peer_gid, timeout, retry, rq_psn, Mtu::M1024);
+}
+
+fn connect_mtu(
+    me: &Side,
+    peer_qpn: u32,
+    peer_gid: [u8; 16],
+    timeout: u8,
+    retry: u8,
+    rq_psn: u32,
+    mtu: Mtu,
+) {
     me.qp
         .modify(
             &QpAttr {
@@ -132,7 +144,7 @@ fn connect(me: &Side, peer_qpn: u32, peer_gid: [u8; 16], timeout: u8, retry: u8,
         .unwrap();
     let rtr = QpAttr {
         qp_state: Some(QpState::Rtr),
-        path_mtu: Some(Mtu::M1024),
+        path_mtu: Some(mtu),
         dest_qp_num: peer_qpn,
         rq_psn,
         max_dest_rd_atomic: 4,
@@ -975,6 +987,56 @@ fn a_traced_burst_keeps_the_device_alive() {
     assert!(status.contains("slots 2/"), "{status}");
     drop(bmr);
     assert!(dst.iter().all(|&x| x == 7));
+}
+
+/// A traced process reports each packet whole, in hex: a 4 KiB packet
+/// makes a line of more than 8 KiB, which the daemon must take (it once
+/// dropped the process for any line over 4 KiB, failing its device: MPI
+/// over UCX under `rxe-emu trace` saw every QP flushed).
+#[test]
+fn tracing_full_size_packets_keeps_the_device_alive() {
+    let d = Daemon::start("trace-big", "rxe0=127.0.21.15", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = d.path.clone();
+    let tracer = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let opts = emulator_daemon::trace::TraceOptions {
+            explain: false,
+            count: Some(16),
+        };
+        emulator_daemon::trace::run(&path, "rxe0", &opts, None, &mut out, || {
+            tx.send(()).unwrap()
+        })
+        .unwrap()
+    });
+    rx.recv_timeout(WAIT).unwrap();
+    let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    // Path MTU 4096: packets of 4 KiB.
+    connect_mtu(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0, Mtu::M4096);
+    connect_mtu(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0, Mtu::M4096);
+    let mut src: Vec<u8> = (0..65536u32).map(|i| i as u8).collect();
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 65536];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    a.qp.post_send(SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: bmr.addr(),
+            rkey: bmr.rkey(),
+        },
+        vec![amr.sge(0, 65536)],
+    ))
+    .unwrap();
+    let wcs = a.cq.wait(1, WAIT).unwrap();
+    assert_eq!(wcs[0].status, WcStatus::Success, "{:?}", wcs[0]);
+    assert_eq!(tracer.join().unwrap(), 16);
+    let status = emulator_daemon::client::request(&d.path, "STATUS").unwrap();
+    assert!(status.contains("slots 2/"), "{status}");
+    drop(bmr);
+    drop(amr);
+    assert_eq!(dst, src);
 }
 
 #[test]
