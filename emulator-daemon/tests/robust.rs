@@ -159,3 +159,38 @@ fn a_second_daemon_fails_clearly() {
     );
     drop(d);
 }
+
+/// A request line may be as long as a traced process's report of a whole
+/// 64 KiB datagram in hex (the daemon answers it); a longer line is a
+/// confused peer, and the daemon closes that connection and goes on.
+#[test]
+fn long_lines_are_answered_and_endless_ones_close_the_connection() {
+    let d = Daemon::start("lines", "rxe0=127.0.22.9");
+    // 100 000 bytes and a newline: an unknown request, answered.
+    let mut s = UnixStream::connect(&d.path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut line = vec![b'x'; 100_000];
+    line.push(b'\n');
+    s.write_all(&line).unwrap();
+    let mut buf = [0u8; 256];
+    let n = s.read(&mut buf).unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("ERR unknown request"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // 300 000 bytes without a newline: the connection is closed.
+    let mut s2 = UnixStream::connect(&d.path).unwrap();
+    s2.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s2.write_all(&vec![b'y'; 300_000]);
+    let mut rest = Vec::new();
+    let r = s2.read_to_end(&mut rest);
+    assert!(
+        matches!(&r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{r:?}"
+    );
+    // The daemon still serves.
+    assert!(client::request(&d.path, "STATUS").unwrap().contains("rxe0"));
+}
