@@ -935,18 +935,16 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
 /// once; the daemon must take them as trace, not as an overlong request
 /// (it used to drop a client whose unread lines passed 4 KiB, which failed
 /// its device with DEVICE_FATAL and flushed its work).
-#[test]
-fn a_traced_burst_keeps_the_device_alive() {
-    let d = Daemon::start("trace-burst", "rxe0=127.0.21.8", 8);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
+/// `rxe-emu trace rxe0` for `count` packets, in a thread; returns once it
+/// is tracing. The thread's result is the number of packets it saw.
+fn start_tracer(path: &Path, count: usize) -> JoinHandle<usize> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let path = d.path.clone();
+    let path = path.to_path_buf();
     let tracer = std::thread::spawn(move || {
         let mut out = Vec::new();
         let opts = emulator_daemon::trace::TraceOptions {
             explain: false,
-            count: Some(400),
+            count: Some(count),
         };
         emulator_daemon::trace::run(&path, "rxe0", &opts, None, &mut out, || {
             tx.send(()).unwrap()
@@ -954,6 +952,15 @@ fn a_traced_burst_keeps_the_device_alive() {
         .unwrap()
     });
     rx.recv_timeout(WAIT).unwrap();
+    tracer
+}
+
+#[test]
+fn a_traced_burst_keeps_the_device_alive() {
+    let d = Daemon::start("trace-burst", "rxe0=127.0.21.8", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    let tracer = start_tracer(&d.path, 400);
     let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
     connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
     connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
@@ -998,20 +1005,7 @@ fn tracing_full_size_packets_keeps_the_device_alive() {
     let d = Daemon::start("trace-big", "rxe0=127.0.21.15", 8);
     let a = side(d.open(), QpType::Rc);
     let b = side(d.open(), QpType::Rc);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = d.path.clone();
-    let tracer = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let opts = emulator_daemon::trace::TraceOptions {
-            explain: false,
-            count: Some(16),
-        };
-        emulator_daemon::trace::run(&path, "rxe0", &opts, None, &mut out, || {
-            tx.send(()).unwrap()
-        })
-        .unwrap()
-    });
-    rx.recv_timeout(WAIT).unwrap();
+    let tracer = start_tracer(&d.path, 16);
     let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
     // Path MTU 4096: packets of 4 KiB.
     connect_mtu(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0, Mtu::M4096);
