@@ -122,16 +122,26 @@ impl Daemon {
     /// As [`Daemon::start`], with room for `slots` open contexts.
     pub fn start_with_slots(tag: &str, device: &str, slots: u32) -> Daemon {
         let socket = scratch_dir(&format!("d-{tag}")).join("rxe-emud.sock");
-        let server = Server::bind(
-            ServerConfig {
-                socket_path: socket.clone(),
-                devices: vec![device.parse().unwrap()],
-                slots,
-                any_user: false,
-            },
-            false,
-        )
-        .unwrap();
+        let cfg = ServerConfig {
+            socket_path: socket.clone(),
+            devices: vec![device.parse().unwrap()],
+            slots,
+            any_user: false,
+        };
+        // The address may still be held for a moment by a process of an
+        // earlier run that is exiting (a CI run saw EADDRINUSE once, with
+        // nothing on the address a moment later): try again for 2 s.
+        let mut tries = 0;
+        let server = loop {
+            match Server::bind(cfg.clone(), false) {
+                Ok(s) => break s,
+                Err(e) if e.contains("Address already in use") && tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let thread = std::thread::spawn(move || server.run(&s2).unwrap());
