@@ -694,6 +694,17 @@ impl Inner {
         );
     }
 
+    /// Handle what has arrived (datagrams, due timers) before an
+    /// application changes or destroys a QP. Kernel rxe handles a packet
+    /// as it arrives; here it waits in the socket until someone polls, and
+    /// a QP moved to ERR or destroyed first would drop it unanswered: a
+    /// peer's last SEND that came just before our `rdma_disconnect` then
+    /// never gets its ACK, and the peer retries for ever (seen against
+    /// kernel rxe with `ib_send_bw -z`).
+    pub(crate) fn catch_up(&self) {
+        with_rx_buf(|b| self.progress(b, false, None));
+    }
+
     /// Read every datagram waiting on the socket into the engine, and fire
     /// due timers. The engine lock is held across `recv` so datagrams are
     /// handled in the order the socket delivered them, whichever thread
@@ -1302,4 +1313,13 @@ impl Device {
     pub fn counters(&self) -> rxe_core::Counters {
         self.inner.lock().counters().clone()
     }
+}
+
+/// A receive buffer of this thread, big enough for any UDP datagram;
+/// reused, never zeroed again.
+pub(crate) fn with_rx_buf<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 65536]);
+    }
+    BUF.with(|b| f(&mut b.borrow_mut()))
 }

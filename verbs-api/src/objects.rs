@@ -676,11 +676,7 @@ impl CompletionQueue {
         if !first.is_empty() {
             return Ok(first);
         }
-        thread_local! {
-            // Big enough for any UDP datagram; reused, never zeroed again.
-            static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 65536]);
-        }
-        BUF.with(|b| inner.progress(&mut b.borrow_mut(), !armed, Some(self.h)));
+        crate::device::with_rx_buf(|b| inner.progress(b, !armed, Some(self.h)));
         Ok(inner.lock().poll_cq(self.h, max)?)
     }
 
@@ -760,6 +756,8 @@ impl QueuePair {
         {
             self.dev.inner.check_alive()?;
         }
+        // What came before this call is handled by the QP as it was.
+        self.dev.inner.catch_up();
         let now = self.dev.inner.now();
         let mut e = self.dev.inner.lock();
         e.modify_qp(now, self.qpn, attr, mask)?;
@@ -854,6 +852,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        self.dev.inner.catch_up();
         let mut e = self.dev.inner.lock();
         // Dropped while attached: leave its groups, as the kernel detaches
         // the QPs of a process that exits. (`ibv_destroy_qp` refuses with
