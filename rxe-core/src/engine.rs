@@ -1385,6 +1385,23 @@ impl<M: Memory> Engine<M> {
         v
     }
 
+    /// Whether QP `qpn` still has work whose completion its owner will
+    /// poll for: send WRs not yet completed, or receive WRs posted (on
+    /// its RQ or its SRQ). A driver uses it to guess, after a poll that
+    /// returned this QP's completion, whether the application keeps
+    /// polling (ib_send_lat waits for its next receive) or now waits for
+    /// something else (ib_write_lat watches memory for the peer's WRITE).
+    pub fn qp_awaits_completions(&self, qpn: u32) -> bool {
+        let Some(q) = self.qps.get(&qpn) else {
+            return false;
+        };
+        let srq_wrs = q
+            .srq
+            .and_then(|h| self.ctx.srqs.get(&h))
+            .is_some_and(|s| !s.queue.is_empty());
+        !q.sq.is_empty() || !q.rq.is_empty() || srq_wrs
+    }
+
     /// `ibv_query_qp`: current attributes and creation attributes.
     pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInitAttr)> {
         let q = self

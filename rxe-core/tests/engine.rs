@@ -1869,3 +1869,40 @@ fn wrong_role_or_transport_datagrams_are_counted_and_dropped() {
     assert_eq!(bad(&mut n, 1), before + 2, "no member of the group");
     assert_eq!(n.nodes()[1].counters().rcvd_pkts, pkts + 1, "counted once");
 }
+
+/// `qp_awaits_completions`: send WRs not yet completed or receive WRs
+/// posted (what a driver reads to guess whether the application keeps
+/// polling after a completion).
+#[test]
+fn qp_awaits_completions_follows_the_queues() {
+    let mut n = net(7, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    assert!(!n.node(0).qp_awaits_completions(a.qpn));
+    assert!(!n.node(1).qp_awaits_completions(b.qpn));
+    assert!(!n.node(0).qp_awaits_completions(0xdead));
+    let src = buf(&mut n, 0, a.pd, 64, AccessFlags::empty());
+    let dst = buf(&mut n, 1, b.pd, 64, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 1, &dst);
+    assert!(
+        n.node(1).qp_awaits_completions(b.qpn),
+        "a receive is posted"
+    );
+    let mut wr = SendWr::new(2, SendOp::Send, vec![sge(&src)]);
+    wr.flags |= SendFlags::SIGNALED;
+    post(&mut n, &a, wr);
+    assert!(
+        n.node(0).qp_awaits_completions(a.qpn),
+        "a SEND is outstanding"
+    );
+    settle(&mut n);
+    assert_eq!(drain(&mut n, &a).len(), 1);
+    assert_eq!(drain(&mut n, &b).len(), 1);
+    assert!(
+        !n.node(0).qp_awaits_completions(a.qpn),
+        "the SEND completed"
+    );
+    assert!(
+        !n.node(1).qp_awaits_completions(b.qpn),
+        "the receive was used"
+    );
+}

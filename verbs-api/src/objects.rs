@@ -658,10 +658,17 @@ impl CompletionQueue {
     /// thread to be scheduled.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
         let inner = &self.dev.inner;
-        let (first, armed) = {
+        // Whether the application, having got these completions, may now
+        // stop polling (see `Inner::note_app_poll`).
+        let may_leave = |e: &rxe_core::Engine<_>, wcs: &[WorkCompletion]| {
+            wcs.last()
+                .is_some_and(|wc| !e.qp_awaits_completions(wc.qp_num))
+        };
+        let (first, armed, leave) = {
             let mut e = inner.lock();
             let first = e.poll_cq(self.h, max)?;
-            (first, e.cq_armed(self.h))
+            let leave = may_leave(&e, &first);
+            (first, e.cq_armed(self.h), leave)
         };
         // Polling an armed CQ is the last look before sleeping on its
         // channel: leave the socket to the progress thread, and hold no
@@ -670,14 +677,23 @@ impl CompletionQueue {
         // were only empty polls counted, a progress thread that took the
         // datagrams first (so the polls find completions) would keep
         // thinking the application idle, and keep preempting it.
-        if !armed {
-            inner.note_app_poll();
-        }
         if !first.is_empty() {
+            if !armed {
+                inner.note_app_poll(leave);
+            }
             return Ok(first);
         }
         crate::device::with_rx_buf(|b| inner.progress(b, !armed, Some(self.h)));
-        Ok(inner.lock().poll_cq(self.h, max)?)
+        let (second, leave) = {
+            let mut e = inner.lock();
+            let second = e.poll_cq(self.h, max)?;
+            let leave = may_leave(&e, &second);
+            (second, leave)
+        };
+        if !armed {
+            inner.note_app_poll(leave);
+        }
+        Ok(second)
     }
 
     /// Poll until `n` completions arrived or `timeout` passed.
