@@ -48,6 +48,52 @@ pub(crate) fn set_timer_slack_1ns() {
     }
 }
 
+/// Send `msgs` (payload, destination) on the UDP socket `fd` with as few
+/// `sendmmsg` calls as it takes, in order. Returns how many were sent: all
+/// of them, or fewer when the kernel refused the next one (its error is
+/// then the caller's to count; an error on the very first is returned).
+pub(crate) fn send_many(fd: RawFd, msgs: &[(&[u8], &socket2::SockAddr)]) -> std::io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = msgs
+        .iter()
+        .map(|(p, _)| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero
+    // lengths); every pointer set below is filled in before use.
+    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len())
+        .map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() })
+        .collect();
+    for (k, (h, (_, dst))) in hdrs.iter_mut().zip(msgs).enumerate() {
+        h.msg_hdr.msg_name = dst.as_ptr() as *mut libc::c_void;
+        h.msg_hdr.msg_namelen = dst.len();
+        h.msg_hdr.msg_iov = &mut iov[k];
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    let mut done = 0;
+    while done < hdrs.len() {
+        let n = (hdrs.len() - done).min(1024) as libc::c_uint; // UIO_MAXIOV
+                                                               // SAFETY: `hdrs[done..]` holds at least `n` initialised mmsghdr
+                                                               // structs; each points at one iovec of `iov` and one destination
+                                                               // address, all borrowed from `msgs` or this frame and alive for
+                                                               // the call; the kernel only reads them, and writes `msg_len`.
+        let r = unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), n, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            return if done == 0 { Err(e) } else { Ok(done) };
+        }
+        if r == 0 {
+            break;
+        }
+        done += r as usize;
+        if (r as libc::c_uint) < n {
+            break; // the next one was refused: the caller counts it
+        }
+    }
+    Ok(done)
+}
+
 /// Set IP_MTU_DISCOVER to IP_PMTUDISC_DO on an IPv4 socket: every datagram
 /// carries DF, and Linux then gives it IP ID 0 (unconnected socket), the ID
 /// the engine computed the ICRC over. Kernel rxe sends DF too.
@@ -121,4 +167,49 @@ pub(crate) fn ifindex_of(addr: std::net::IpAddr) -> Option<u32> {
     // SAFETY: `list` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(list) };
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+
+    /// `send_many` delivers every datagram, each whole, in order, to its
+    /// own destination, including more than one `sendmmsg` call's worth.
+    #[test]
+    fn send_many_sends_each_datagram_in_order() {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for s in [&b, &c] {
+            socket2::SockRef::from(s)
+                .set_recv_buffer_size(8 << 20)
+                .unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+        }
+        let (db, dc) = (
+            socket2::SockAddr::from(b.local_addr().unwrap()),
+            socket2::SockAddr::from(c.local_addr().unwrap()),
+        );
+        let payloads: Vec<Vec<u8>> = (0..1500u32)
+            .map(|i| {
+                let mut p = i.to_be_bytes().to_vec();
+                p.resize(4 + (i as usize % 97), i as u8);
+                p
+            })
+            .collect();
+        let msgs: Vec<(&[u8], &socket2::SockAddr)> = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.as_slice(), if i % 3 == 0 { &dc } else { &db }))
+            .collect();
+        use std::os::fd::AsRawFd;
+        assert_eq!(super::send_many(a.as_raw_fd(), &msgs).unwrap(), 1500);
+        let mut buf = [0u8; 256];
+        for (i, p) in payloads.iter().enumerate() {
+            let s = if i % 3 == 0 { &c } else { &b };
+            let n = s.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], p.as_slice(), "datagram {i}");
+        }
+    }
 }
