@@ -717,7 +717,7 @@ unsafe extern "C" fn wr_atomic_write(
     // SAFETY: the program passes 8 readable bytes (verbs.h contract).
     let d: Box<[u8]> = unsafe { std::slice::from_raw_parts(data as *const u8, 8) }.into();
     push(q, SendOp::AtomicWrite { remote_addr, rkey });
-    set_inline(q, vec![d]);
+    set_inline(q, vec![d], "ibv_wr_set_inline_data");
 }
 unsafe extern "C" fn wr_local_inv(q: *mut ibv_qp_ex, rkey: u32) {
     push(q, SendOp::LocalInv { rkey })
@@ -796,6 +796,17 @@ unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length:
     })
 }
 unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    // More SGEs than the QP was created with fail `ibv_wr_complete` with
+    // ENOSPC, as the rxe provider's `wr_set_sge_list` has them fail.
+    if let Some((max_sge, _)) = send_caps(q).filter(|&(m, _)| n > m as usize) {
+        with_last(q, "ibv_wr_set_sge_list", |b| {
+            debug(|| {
+                format!("ibv_wr_set_sge_list: {n} SGEs exceed the QP's max_send_sge {max_sge}")
+            });
+            b.err.get_or_insert(libc::ENOSPC);
+        });
+        return;
+    }
     // SAFETY: the program's array of n SGEs.
     let s = match unsafe { sges(list, n as c_int) } {
         Ok(s) => s,
@@ -812,22 +823,45 @@ unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const i
         }
     })
 }
-fn set_inline(q: *mut ibv_qp_ex, bufs: Vec<Box<[u8]>>) {
-    with_last(q, "ibv_wr_set_inline_data", |b| {
-        let sg: Vec<Sge> = bufs
-            .iter()
-            .filter(|d| !d.is_empty())
-            .map(|d| Sge {
-                addr: d.as_ptr() as u64,
-                length: d.len() as u32,
+/// The QP's send capabilities as created (`max_send_sge`,
+/// `max_inline_data`); `None` if the QP cannot be queried.
+fn send_caps(q: *mut ibv_qp_ex) -> Option<(u32, u32)> {
+    let (_, cap) = qpx(q).qp.query().ok()?;
+    Some((cap.max_send_sge, cap.max_inline_data))
+}
+
+/// Inline data for the WR being built, copied now into one buffer, as the
+/// rxe provider copies every buffer of the list, one after the other, into
+/// its WQE's inline area: the number of buffers is not bounded by
+/// `max_send_sge` (they are not SGEs), only their total length by
+/// `max_inline_data`, and more than that fails `ibv_wr_complete` with
+/// ENOSPC (rdma-core `providers/rxe/rxe.c`, `wr_set_inline_data_list`).
+fn set_inline(q: *mut ibv_qp_ex, bufs: Vec<Box<[u8]>>, what: &str) {
+    let total: usize = bufs.iter().map(|d| d.len()).sum();
+    let max_inline = send_caps(q).map_or(usize::MAX, |(_, m)| m as usize);
+    with_last(q, what, |b| {
+        if total > max_inline {
+            debug(|| {
+                format!("{what}: {total} bytes of inline data exceed the QP's max_inline_data {max_inline}")
+            });
+            b.err.get_or_insert(libc::ENOSPC);
+            return;
+        }
+        let data: Box<[u8]> = bufs.concat().into_boxed_slice();
+        let sg = if data.is_empty() {
+            Vec::new()
+        } else {
+            vec![Sge {
+                addr: data.as_ptr() as u64,
+                length: data.len() as u32,
                 lkey: 0,
-            })
-            .collect();
+            }]
+        };
         if let Some(w) = b.wrs.last_mut() {
             w.sg_list = sg;
             w.flags |= SendFlags::INLINE;
         }
-        b.inline.extend(bufs);
+        b.inline.push(data);
     })
 }
 unsafe extern "C" fn wr_set_inline_data(q: *mut ibv_qp_ex, addr: *mut c_void, len: usize) {
@@ -837,7 +871,7 @@ unsafe extern "C" fn wr_set_inline_data(q: *mut ibv_qp_ex, addr: *mut c_void, le
         // SAFETY: the program's buffer of len bytes, copied now.
         unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.into()
     };
-    set_inline(q, vec![d]);
+    set_inline(q, vec![d], "ibv_wr_set_inline_data");
 }
 unsafe extern "C" fn wr_set_inline_data_list(
     q: *mut ibv_qp_ex,
@@ -845,7 +879,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
     list: *const ibv_data_buf,
 ) {
     if n > 0 && list.is_null() {
-        return set_inline(q, Vec::new());
+        return set_inline(q, Vec::new(), "ibv_wr_set_inline_data_list");
     }
     let bufs = (0..n)
         .map(|i| {
@@ -859,7 +893,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
             }
         })
         .collect();
-    set_inline(q, bufs);
+    set_inline(q, bufs, "ibv_wr_set_inline_data_list");
 }
 
 pub fn fill_qp_ex(q: &mut ibv_qp_ex) {

@@ -8,7 +8,10 @@
 //! implicit ODP MRs, `ibv_advise_mr` and its errors, RDMA into pages that
 //! are no longer mapped failing with an error completion instead of a
 //! crash) and XRC (`tests/c/xrc.c`: domains by file, XRC SRQs, XRC_SEND to
-//! XRC_RECV traffic, close order).
+//! XRC_RECV traffic, close order) and the `ibv_wr_*` inline and SGE
+//! list rules (`tests/c/wr_inline.c`: a list of inline buffers is bounded
+//! by `max_inline_data`, not `max_send_sge`; ENOSPC and EINVAL where the
+//! rxe provider gives them).
 
 mod common;
 
@@ -29,6 +32,11 @@ fn on_demand_paging_from_c() {
 #[test]
 fn xrc_from_c() {
     run_c("xrc", "rxe0=127.0.95.2");
+}
+
+#[test]
+fn inline_data_and_sge_lists_of_the_wr_api_from_c() {
+    run_c("wr_inline", "rxe0=127.0.95.3");
 }
 
 fn run_c(name: &str, device: &str) {
