@@ -40,6 +40,8 @@
 #   RXE_EMU_VM_BOOT_TIMEOUT  seconds to wait for a guest to be ready (default 180)
 #   RXE_EMU_VM_KERNEL_PKG    Debian kernel package (default: what linux-image-amd64 names)
 #   RXE_EMU_VM_APPEND    extra kernel command line
+#   RXE_EMU_VM_EXTRA     a directory whose tree is added to the guests' root at boot
+#                        (a second cpio archive after the cached initramfs)
 set -euo pipefail
 
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -397,12 +399,22 @@ boot() { # boot I
   mkdir -p "$RUN"
   rm -f "$RUN/vm$i".agent.{in,out,lock} "$RUN/vm$i.console"
   mkfifo "$RUN/vm$i.agent.in" "$RUN/vm$i.agent.out"
+  local initrd="$CACHE/initrd.img"
+  if [ -n "${RXE_EMU_VM_EXTRA:-}" ]; then
+    [ -d "$RXE_EMU_VM_EXTRA" ] || die "RXE_EMU_VM_EXTRA=$RXE_EMU_VM_EXTRA is not a directory"
+    # Linux unpacks concatenated cpio archives in order: the extra files
+    # land on top of the image's.
+    initrd="$RUN/initrd-extra.img"
+    { cat "$CACHE/initrd.img"
+      (cd "$RXE_EMU_VM_EXTRA" && find . | sort | busybox cpio -o -H newc -R 0:0 2>/dev/null | gzip -1)
+    } >"$initrd" || die "cannot add $RXE_EMU_VM_EXTRA to the guest image"
+  fi
   local append="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off tsc=reliable no_timer_check"
   append="$append rxc.ip=$(guest_ip "$i")/24 rxc.name=vm$i rxc.mtu=$MTU ${RXE_EMU_VM_APPEND:-}"
   ip netns exec "$NS" qemu-system-x86_64 -name "rxc-vm$i" \
     -machine pc -accel "$opt" -cpu "$cpu" -smp "$CPUS" -m "$MEM" \
     -nodefaults -no-user-config -display none -vga none -no-reboot \
-    -kernel "$CACHE/vmlinux" -initrd "$CACHE/initrd.img" -append "$append" \
+    -kernel "$CACHE/vmlinux" -initrd "$initrd" -append "$append" \
     -serial "file:$RUN/vm$i.console" \
     -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=n0,mac=$(printf '52:54:00:77:00:%02x' $((10 + i)))" \
