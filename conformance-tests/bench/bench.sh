@@ -18,8 +18,10 @@
 # time from /proc/stat over the run of a pair, divided by the GiB the client
 # moved: it includes perftest's own busy polling on both sides.
 #
-# Usage: conformance-tests/run --bench [--host-only | --guest-only] [--quick]
+# Usage: conformance-tests/run --bench [--host-only | --guest-only] [--quick] [--no-build]
 #   --quick   fewer iterations (a smoke run: the figures are noisier)
+# Exit status: 0 every pair ran (whatever its figures), 1 a pair failed, 2
+# the bench could not run.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -255,3 +257,9 @@ echo
 cat "$MD"
 echo
 say "figures and logs: $OUT"
+# A pair that did not run to the end is an error of the bench, not a figure.
+failed=$(grep -l '^FAIL' "$OUT"/*.fig 2>/dev/null | xargs -r -n1 basename | sed 's/\.fig$//' | tr '\n' ' ')
+if [ -n "$failed" ]; then
+  say "these runs failed (their outputs are beside the figures): $failed"
+  exit 1
+fi
