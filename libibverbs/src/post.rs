@@ -717,7 +717,7 @@ unsafe extern "C" fn wr_atomic_write(
     // SAFETY: the program passes 8 readable bytes (verbs.h contract).
     let d: Box<[u8]> = unsafe { std::slice::from_raw_parts(data as *const u8, 8) }.into();
     push(q, SendOp::AtomicWrite { remote_addr, rkey });
-    set_inline(q, vec![d], "ibv_wr_set_inline_data");
+    set_inline(q, vec![d], "ibv_wr_atomic_write", true);
 }
 unsafe extern "C" fn wr_local_inv(q: *mut ibv_qp_ex, rkey: u32) {
     push(q, SendOp::LocalInv { rkey })
@@ -836,9 +836,16 @@ fn send_caps(q: *mut ibv_qp_ex) -> Option<(u32, u32)> {
 /// `max_send_sge` (they are not SGEs), only their total length by
 /// `max_inline_data`, and more than that fails `ibv_wr_complete` with
 /// ENOSPC (rdma-core `providers/rxe/rxe.c`, `wr_set_inline_data_list`).
-fn set_inline(q: *mut ibv_qp_ex, bufs: Vec<Box<[u8]>>, what: &str) {
+///
+/// `operand`: the 8 bytes of `ibv_wr_atomic_write`, which the provider
+/// copies into the WQE whatever `max_inline_data` is: no limit applies.
+fn set_inline(q: *mut ibv_qp_ex, bufs: Vec<Box<[u8]>>, what: &str, operand: bool) {
     let total: usize = bufs.iter().map(|d| d.len()).sum();
-    let max_inline = send_caps(q).map_or(usize::MAX, |(_, m)| m as usize);
+    let max_inline = if operand {
+        usize::MAX
+    } else {
+        send_caps(q).map_or(usize::MAX, |(_, m)| m as usize)
+    };
     with_last(q, what, |b| {
         if total > max_inline {
             debug(|| {
@@ -871,7 +878,7 @@ unsafe extern "C" fn wr_set_inline_data(q: *mut ibv_qp_ex, addr: *mut c_void, le
         // SAFETY: the program's buffer of len bytes, copied now.
         unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.into()
     };
-    set_inline(q, vec![d], "ibv_wr_set_inline_data");
+    set_inline(q, vec![d], "ibv_wr_set_inline_data", false);
 }
 unsafe extern "C" fn wr_set_inline_data_list(
     q: *mut ibv_qp_ex,
@@ -879,7 +886,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
     list: *const ibv_data_buf,
 ) {
     if n > 0 && list.is_null() {
-        return set_inline(q, Vec::new(), "ibv_wr_set_inline_data_list");
+        return set_inline(q, Vec::new(), "ibv_wr_set_inline_data_list", false);
     }
     let bufs = (0..n)
         .map(|i| {
@@ -893,7 +900,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
             }
         })
         .collect();
-    set_inline(q, bufs, "ibv_wr_set_inline_data_list");
+    set_inline(q, bufs, "ibv_wr_set_inline_data_list", false);
 }
 
 pub fn fill_qp_ex(q: &mut ibv_qp_ex) {
