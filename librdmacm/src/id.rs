@@ -172,16 +172,26 @@ pub fn lookup_for_event(handle: u64) -> Option<&'static CmId> {
     Some(id)
 }
 
+/// The addresses of the live ids: a pointer the program hands us is used
+/// only if it is one of them (see [`cm`]).
+static LIVE: Mutex<Option<std::collections::HashSet<usize>>> = Mutex::new(None);
+
 fn register(id: &CmId) {
     let mut g = IDS.lock().unwrap_or_else(|p| p.into_inner());
     g.get_or_insert_with(HashMap::new)
         .insert(id.handle, id as *const CmId as usize);
+    LIVE.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(Default::default)
+        .insert(id as *const CmId as usize);
 }
 
 fn unregister(handle: u64) {
     let mut g = IDS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(m) = g.as_mut() {
-        m.remove(&handle);
+    if let Some(addr) = g.as_mut().and_then(|m| m.remove(&handle)) {
+        if let Some(l) = LIVE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            l.remove(&addr);
+        }
     }
 }
 
@@ -193,7 +203,22 @@ pub unsafe fn cm<'a>(id: *mut rdma_cm_id) -> Result<&'a CmId, CmErr> {
     if id.is_null() {
         return Err(err(libc::EINVAL, "rdma_cm_id is NULL"));
     }
-    // SAFETY: the rdma_cm_id is the first field of a repr(C) CmId.
+    // An id the program already destroyed (perftest 25.01's client calls
+    // rdma_resolve_addr again on the id it destroyed after a REJECT) is
+    // refused instead of read: its memory is freed.
+    let live = LIVE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|l| l.contains(&(id as usize)));
+    if !live {
+        return Err(err(
+            libc::EINVAL,
+            "not a live rdma_cm_id (destroyed, or not made by this library)",
+        ));
+    }
+    // SAFETY: a registered id: the rdma_cm_id is the first field of a live
+    // repr(C) CmId.
     Ok(unsafe { &*(id as *const CmId) })
 }
 
