@@ -618,58 +618,67 @@ impl Inner {
             return;
         }
         let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
-        // Which socket each datagram leaves from. Kernel rxe sends each
-        // QP's packets from its own UDP source port; bind one socket per
-        // port we use, once (a port another socket holds, e.g. another
-        // process on the same daemon device, is remembered as unavailable
-        // rather than retried per packet).
-        let mut fds = Vec::with_capacity(ts.len());
-        for t in ts.iter_mut() {
-            let port = t.info.src_port;
-            let sock = senders
-                .entry(port)
-                .or_insert_with(|| bind_udp(SocketAddr::new(self.cfg.addr, port)).ok());
-            let fd = match sock {
-                Some(s) => s.as_raw_fd(),
-                None => {
-                    // The port is taken on this host: send from 4791 and
-                    // recompute the ICRC, which covers the source port.
-                    t.info.src_port = wire::ROCEV2_UDP_PORT;
-                    wire::icrc::write(&t.info, &mut t.payload);
-                    self.socket.as_raw_fd()
-                }
-            };
-            fds.push(fd);
-        }
-        let dsts: Vec<socket2::SockAddr> = ts
-            .iter()
-            .map(|t| SocketAddr::new(t.info.dst, t.info.dst_port).into())
-            .collect();
         let mut i = 0;
+        let mut fd = self.sender_fd(&mut senders, &mut ts[0]);
         while i < ts.len() {
+            // ts[i..j] leave from `fd`; ts[j] (if any) from `next`.
             let mut j = i + 1;
-            while j < ts.len() && fds[j] == fds[i] {
+            let mut next = fd;
+            while j < ts.len() {
+                next = self.sender_fd(&mut senders, &mut ts[j]);
+                if next != fd {
+                    break;
+                }
                 j += 1;
             }
-            let msgs: Vec<(&[u8], &socket2::SockAddr)> = (i..j)
-                .map(|k| (ts[k].payload.as_slice(), &dsts[k]))
-                .collect();
-            let sent = match crate::sys::send_many(fds[i], &msgs) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => 0,
-            };
-            for t in &ts[i..i + sent] {
-                self.note_sent(t);
+            let mut k = i;
+            while k < j {
+                let sent = match crate::sys::send_many(fd, &ts[k..j], |t| {
+                    (&t.payload[..], SocketAddr::new(t.info.dst, t.info.dst_port))
+                }) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => 0,
+                };
+                for t in &ts[k..k + sent] {
+                    self.note_sent(t);
+                }
+                k += sent;
+                if k < j {
+                    // The first datagram not taken: a full socket buffer or
+                    // an unreachable peer is packet loss to the transport;
+                    // retransmission recovers. The rest are tried again.
+                    eng.note_send_error();
+                    k += 1;
+                }
             }
-            if i + sent < j {
-                // The first datagram not taken: a full socket buffer or an
-                // unreachable peer is packet loss to the transport;
-                // retransmission recovers. The rest are tried again.
-                eng.note_send_error();
-                i += sent + 1;
-            } else {
-                i = j;
+            i = j;
+            fd = next;
+        }
+    }
+
+    /// The socket `t` leaves from. Kernel rxe sends each QP's packets
+    /// from its own UDP source port; bind one socket per port we use,
+    /// once (a port another socket holds, e.g. another process on the
+    /// same daemon device, is remembered as unavailable rather than
+    /// retried per packet, and its datagrams leave from 4791).
+    fn sender_fd(
+        &self,
+        senders: &mut HashMap<u16, Option<UdpSocket>>,
+        t: &mut Transmit,
+    ) -> std::os::fd::RawFd {
+        let port = t.info.src_port;
+        let sock = senders
+            .entry(port)
+            .or_insert_with(|| bind_udp(SocketAddr::new(self.cfg.addr, port)).ok());
+        match sock {
+            Some(s) => s.as_raw_fd(),
+            None => {
+                // The port is taken on this host: send from 4791 and
+                // recompute the ICRC, which covers the source port.
+                t.info.src_port = wire::ROCEV2_UDP_PORT;
+                wire::icrc::write(&t.info, &mut t.payload);
+                self.socket.as_raw_fd()
             }
         }
     }

@@ -48,50 +48,74 @@ pub(crate) fn set_timer_slack_1ns() {
     }
 }
 
-/// Send `msgs` (payload, destination) on the UDP socket `fd` with as few
-/// `sendmmsg` calls as it takes, in order. Returns how many were sent: all
-/// of them, or fewer when the kernel refused the next one (its error is
-/// then the caller's to count; an error on the very first is returned).
-pub(crate) fn send_many(fd: RawFd, msgs: &[(&[u8], &socket2::SockAddr)]) -> std::io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = msgs
-        .iter()
-        .map(|(p, _)| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
-    // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero
-    // lengths); every pointer set below is filled in before use.
-    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len())
-        .map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() })
-        .collect();
-    for (k, (h, (_, dst))) in hdrs.iter_mut().zip(msgs).enumerate() {
-        h.msg_hdr.msg_name = dst.as_ptr() as *mut libc::c_void;
-        h.msg_hdr.msg_namelen = dst.len();
-        h.msg_hdr.msg_iov = &mut iov[k];
-        h.msg_hdr.msg_iovlen = 1;
+/// Send `items` on the UDP socket `fd`, in order, each as the datagram
+/// `msg` makes of it (payload, destination), in as few `sendmmsg` calls
+/// as it takes. Returns how many were sent: all of them, or fewer when
+/// the kernel refused the next one (its error is then the caller's to
+/// count; an error on the very first is returned). The message headers
+/// live in per-thread buffers that are reused, so a call allocates only
+/// while a thread's largest batch grows.
+pub(crate) fn send_many<T>(
+    fd: RawFd,
+    items: &[T],
+    msg: impl Fn(&T) -> (&[u8], std::net::SocketAddr),
+) -> std::io::Result<usize> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<(Vec<socket2::SockAddr>, Vec<libc::iovec>, Vec<libc::mmsghdr>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
     }
-    let mut done = 0;
-    while done < hdrs.len() {
-        let n = (hdrs.len() - done).min(1024) as libc::c_uint; // UIO_MAXIOV
-                                                               // SAFETY: `hdrs[done..]` holds at least `n` initialised mmsghdr
-                                                               // structs; each points at one iovec of `iov` and one destination
-                                                               // address, all borrowed from `msgs` or this frame and alive for
-                                                               // the call; the kernel only reads them, and writes `msg_len`.
-        let r = unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), n, 0) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            return if done == 0 { Err(e) } else { Ok(done) };
+    SCRATCH.with(|s| {
+        let (addrs, iov, hdrs) = &mut *s.borrow_mut();
+        addrs.clear();
+        iov.clear();
+        hdrs.clear();
+        for it in items {
+            let (payload, dst) = msg(it);
+            addrs.push(dst.into());
+            iov.push(libc::iovec {
+                iov_base: payload.as_ptr() as *mut libc::c_void,
+                iov_len: payload.len(),
+            });
         }
-        if r == 0 {
-            break;
+        for k in 0..items.len() {
+            // SAFETY: an all-zero mmsghdr is a valid value (null pointers,
+            // zero lengths); the fields used are set just below.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_name = addrs[k].as_ptr() as *mut libc::c_void;
+            h.msg_hdr.msg_namelen = addrs[k].len();
+            h.msg_hdr.msg_iov = &mut iov[k];
+            h.msg_hdr.msg_iovlen = 1;
+            hdrs.push(h);
         }
-        done += r as usize;
-        if (r as libc::c_uint) < n {
-            break; // the next one was refused: the caller counts it
+        let mut done = 0;
+        let mut first_err = None;
+        while done < hdrs.len() {
+            let n = (hdrs.len() - done).min(1024) as libc::c_uint; // UIO_MAXIOV
+                                                                   // SAFETY: `hdrs[done..]` holds at least `n` initialised mmsghdr
+                                                                   // structs; each points at one iovec of `iov` (the payloads of
+                                                                   // `items`, borrowed for this call) and one address of `addrs`,
+                                                                   // none of which moves or is freed before the call returns; the
+                                                                   // kernel only reads them, and writes `msg_len`.
+            let r = unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), n, 0) };
+            if r < 0 {
+                if done == 0 {
+                    first_err = Some(std::io::Error::last_os_error());
+                }
+                break;
+            }
+            if r == 0 {
+                break;
+            }
+            done += r as usize;
+            if (r as libc::c_uint) < n {
+                break; // the next one was refused: the caller counts it
+            }
         }
-    }
-    Ok(done)
+        // The headers point into `items`: leave no pointer behind.
+        iov.clear();
+        hdrs.clear();
+        first_err.map_or(Ok(done), Err)
+    })
 }
 
 /// Set IP_MTU_DISCOVER to IP_PMTUDISC_DO on an IPv4 socket: every datagram
@@ -187,10 +211,7 @@ mod tests {
             s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
                 .unwrap();
         }
-        let (db, dc) = (
-            socket2::SockAddr::from(b.local_addr().unwrap()),
-            socket2::SockAddr::from(c.local_addr().unwrap()),
-        );
+        let (db, dc) = (b.local_addr().unwrap(), c.local_addr().unwrap());
         let payloads: Vec<Vec<u8>> = (0..1500u32)
             .map(|i| {
                 let mut p = i.to_be_bytes().to_vec();
@@ -198,13 +219,12 @@ mod tests {
                 p
             })
             .collect();
-        let msgs: Vec<(&[u8], &socket2::SockAddr)> = payloads
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.as_slice(), if i % 3 == 0 { &dc } else { &db }))
-            .collect();
+        let msgs: Vec<(usize, &Vec<u8>)> = payloads.iter().enumerate().collect();
         use std::os::fd::AsRawFd;
-        assert_eq!(super::send_many(a.as_raw_fd(), &msgs).unwrap(), 1500);
+        let sent = super::send_many(a.as_raw_fd(), &msgs, |(i, p)| {
+            (p.as_slice(), if i % 3 == 0 { dc } else { db })
+        });
+        assert_eq!(sent.unwrap(), 1500);
         let mut buf = [0u8; 256];
         for (i, p) in payloads.iter().enumerate() {
             let s = if i % 3 == 0 { &c } else { &b };
