@@ -1306,6 +1306,9 @@ pub struct Qp {
     pub qp: QueuePair,
     pub build: Mutex<crate::post::WrBuild>,
     pub sq_sig_all: bool,
+    /// `max_send_sge` and `max_inline_data` as created (they never
+    /// change): the `ibv_wr_set_*` calls check against them per WR.
+    pub send_caps: (u32, u32),
 }
 
 /// # Safety
@@ -1377,6 +1380,7 @@ unsafe fn create_qp_common(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> *mut ibv
             max_inline_data: got.max_inline_data,
         };
     }
+    let send_caps = (cap.max_send_sge, cap.max_inline_data);
     let c = pdo.ibv.context;
     let qpn = q.qpn();
     // SAFETY: C data; zero mutex/cond are the initialisers, and NULL
@@ -1398,6 +1402,7 @@ unsafe fn create_qp_common(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> *mut ibv
         qp: q,
         build: Mutex::new(crate::post::WrBuild::default()),
         sq_sig_all: sq_sig_all != 0,
+        send_caps,
     }));
     // SAFETY: the live PD the QP was created in.
     unsafe { hold_pd(p) };
@@ -1544,6 +1549,7 @@ unsafe fn create_xrc_recv_qp(a: &mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
         qp: q,
         build: Mutex::new(crate::post::WrBuild::default()),
         sq_sig_all: false,
+        send_caps: (0, 0),
     }));
     // SAFETY: live context.
     unsafe { ctx(c) }

@@ -798,7 +798,8 @@ unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length:
 unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     // More SGEs than the QP was created with fail `ibv_wr_complete` with
     // ENOSPC, as the rxe provider's `wr_set_sge_list` has them fail.
-    if let Some((max_sge, _)) = send_caps(q).filter(|&(m, _)| n > m as usize) {
+    let max_sge = qpx(q).send_caps.0;
+    if n > max_sge as usize {
         with_last(q, "ibv_wr_set_sge_list", |b| {
             debug(|| {
                 format!("ibv_wr_set_sge_list: {n} SGEs exceed the QP's max_send_sge {max_sge}")
@@ -823,12 +824,6 @@ unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, n: usize, list: *const i
         }
     })
 }
-/// The QP's send capabilities as created (`max_send_sge`,
-/// `max_inline_data`); `None` if the QP cannot be queried.
-fn send_caps(q: *mut ibv_qp_ex) -> Option<(u32, u32)> {
-    let (_, cap) = qpx(q).qp.query().ok()?;
-    Some((cap.max_send_sge, cap.max_inline_data))
-}
 
 /// Inline data for the WR being built, copied now into one buffer, as the
 /// rxe provider copies every buffer of the list, one after the other, into
@@ -844,7 +839,7 @@ fn set_inline(q: *mut ibv_qp_ex, bufs: Vec<Box<[u8]>>, what: &str, operand: bool
     let max_inline = if operand {
         usize::MAX
     } else {
-        send_caps(q).map_or(usize::MAX, |(_, m)| m as usize)
+        qpx(q).send_caps.1 as usize
     };
     with_last(q, what, |b| {
         if total > max_inline {
