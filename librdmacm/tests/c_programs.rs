@@ -2,7 +2,8 @@
 //! and run on our librdmacm: a listener rejects with private data and the
 //! client sees RDMA_CM_EVENT_REJECTED with status 28 (consumer reject),
 //! that private data and its QP in ERR, and EAGAIN from a non-blocking
-//! channel; a connection to an address where no CM answers ends in
+//! channel, and EINVAL for a destroyed id used again; a connection to an
+//! address where no CM answers ends in
 //! RDMA_CM_EVENT_UNREACHABLE with status -110 (after kernel cm's 16 REQ
 //! timeouts, about 100 s), never a hang; with no daemon,
 //! rdma_create_event_channel fails with ENODEV.
@@ -66,7 +67,7 @@ fn reject_with_private_data_reaches_the_client() {
     let (s, c) = r.stdout();
     assert!(s.contains("OK server rejected"), "{}", r.text());
     assert!(
-        c.contains("OK rejected status=28 private_data=\"go away!\""),
+        c.contains("OK rejected status=28 private_data=\"go away!\", destroyed id refused"),
         "{}",
         r.text()
     );

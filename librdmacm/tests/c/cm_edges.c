@@ -6,7 +6,8 @@
  *                                RDMA_CM_EVENT_REJECTED, status 28 (consumer
  *                                reject), the server's private data, and the
  *                                QP moved to ERR; and EAGAIN from a
- *                                non-blocking channel with nothing waiting
+ *                                non-blocking channel with nothing waiting;
+ *                                then EINVAL for the destroyed id, used again
  *   cm_edges unreachable SRC ADDR PORT
  *                                connect from SRC to an address no CM answers on;
  *                                expect RDMA_CM_EVENT_UNREACHABLE, status -110
@@ -255,8 +256,18 @@ static void client(const char *ip, const char *port)
 	rdma_destroy_qp(id);
 	if (rdma_destroy_id(id))
 		fail("rdma_destroy_id", errno);
+	/* What perftest 25.01 does after a reject: use the id it destroyed.
+	 * The library must refuse it (EINVAL), not read freed memory. The
+	 * pointer is only compared, never followed, by a correct library. */
+	struct sockaddr_in dst = addr_of(ip, port);
+	errno = 0;
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) != -1 || errno != EINVAL)
+		fail("rdma_resolve_addr on a destroyed id: expected -1 and EINVAL", errno);
+	errno = 0;
+	if (rdma_destroy_id(id) != -1 || errno != EINVAL)
+		fail("rdma_destroy_id twice: expected -1 and EINVAL", errno);
 	rdma_destroy_event_channel(ch);
-	printf("OK rejected status=28 private_data=\"go away!\"\n");
+	printf("OK rejected status=28 private_data=\"go away!\", destroyed id refused\n");
 }
 
 static void unreachable(const char *src, const char *ip, const char *port)
