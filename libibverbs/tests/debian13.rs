@@ -62,9 +62,17 @@ fn trixie_root() -> Option<PathBuf> {
     Some(dir)
 }
 
-/// Run `script` (bash) in the root, with this build at /opt/rxe-emu, a
-/// fresh /tmp, /proc and /dev, in a mount namespace of its own (nothing
-/// stays mounted). Returns exit success and output.
+/// Every script starts `rxe0` in the root (as `$X start`), and stops it
+/// however the script ends.
+const START_RXE0: &str = "export RXE_EMU_SOCKET=/tmp/s/sock
+    X=/opt/rxe-emu/rxe-emu
+    $X start --device rxe0=127.0.215.1 >/dev/null
+    trap '$X stop >/dev/null 2>&1' EXIT
+";
+
+/// Run `script` (bash) in the root, after [`START_RXE0`], with this build
+/// at /opt/rxe-emu, a fresh /tmp, /proc and /dev, in a mount namespace of
+/// its own (nothing stays mounted). Returns exit success and output.
 fn in_root(root: &Path, script: &str, limit: Duration) -> (bool, String) {
     let build = profile_dir();
     let setup = format!(
@@ -77,7 +85,7 @@ fn in_root(root: &Path, script: &str, limit: Duration) -> (bool, String) {
         b = build.display()
     );
     let child = Command::new("unshare")
-        .args(["-m", "bash", "-c", &setup, script])
+        .args(["-m", "bash", "-c", &setup, &format!("{START_RXE0}{script}")])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -106,10 +114,6 @@ fn debian13_programs_load_and_perftest_25_runs_on_rxe0() {
     // 25.01 failed on libmlx5's ibv_cmd_create_cq_ex2 before), and runs
     // far enough to print its usage or version.
     let load = r#"
-        export RXE_EMU_SOCKET=/tmp/s/sock
-        X=/opt/rxe-emu/rxe-emu
-        $X start --device rxe0=127.0.215.1 >/dev/null
-        trap '$X stop >/dev/null 2>&1' EXIT
         n=0
         for p in /usr/bin/*; do
           ldd "$p" 2>/dev/null | grep -qE 'lib(ibverbs|rdmacm)\.so\.1' || continue
@@ -138,10 +142,6 @@ fn debian13_programs_load_and_perftest_25_runs_on_rxe0() {
 
     // perftest 25.01 pairs, server first, each side checked.
     let pairs = r#"
-        export RXE_EMU_SOCKET=/tmp/s/sock
-        X=/opt/rxe-emu/rxe-emu
-        $X start --device rxe0=127.0.215.1 >/dev/null
-        trap '$X stop >/dev/null 2>&1' EXIT
         fail=0
         for t in "ib_write_bw -s 65536" "ib_send_bw -s 65536" "ib_read_bw -s 65536" \
                  "ib_atomic_bw" "ib_write_lat" "ib_send_lat" "ib_read_lat" "ib_atomic_lat" \
