@@ -102,6 +102,15 @@ struct Outcome {
     emu_counters: BTreeMap<String, u64>,
 }
 
+/// A UC run in which the bridge capture holds every packet our side sent
+/// (`packets`: RoCE packets captured) and kernel rxe counted fewer: the
+/// guest dropped them after the bridge; UC does not retransmit.
+fn guest_dropped_uc(r: &Outcome) -> bool {
+    let sent = r.emu_counters.get("sent_pkts").copied().unwrap_or(0);
+    let rcvd = r.counters.get("rcvd_pkts").copied().unwrap_or(0);
+    r.name.starts_with("p-uc-") && sent > 0 && r.packets >= sent && rcvd < sent
+}
+
 /// A failure of the harness rather than of a run: the suite stops.
 struct Infra(String);
 
@@ -859,6 +868,13 @@ fn main() {
         // client is exiting and go unacknowledged; the kernel side then
         // retries it for ever and never answers our DREQ (resent every 6 s).
         // Such a run also runs again, at most twice, and says so.
+        //
+        // UC has no retransmission, and the TCG guest sometimes drops part
+        // of a long burst after the bridge (seen: 7-9 of the 1,108
+        // packets of p-uc-write-m1024, about one run in five): when the
+        // bridge capture holds every packet our side sent and kernel rxe
+        // counted fewer, the loss was the guest's, not ours. Such a run
+        // also runs again, at most twice, and says so.
         for attempt in 2..=3 {
             let failed = matches!(&result, Ok(r) if !r.failures.is_empty());
             let perftest_race = (s.name == "cm-send-bw" || s.name == "cm-write-lat")
@@ -874,7 +890,8 @@ fn main() {
                         .and_then(|c| c.parse::<u32>().ok())
                         .is_some_and(|c| c > 1)
                 }));
-            let raced = failed && (perftest_race || last_send_unacked);
+            let guest_dropped_uc = matches!(&result, Ok(r) if guest_dropped_uc(r));
+            let raced = failed && (perftest_race || last_send_unacked || guest_dropped_uc);
             if !raced {
                 break;
             }
@@ -893,6 +910,8 @@ fn main() {
                 d.to_string(),
                 if perftest_race {
                     "rejected before the server listened again (perftest 4.5 -R race)"
+                } else if guest_dropped_uc {
+                    "the guest dropped UC packets that the bridge capture shows we sent"
                 } else {
                     "the kernel's last SEND went unacknowledged at our client's exit (known issue)"
                 }
@@ -986,4 +1005,58 @@ fn main() {
     } else {
         0
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(name: &str, captured: u64, kernel_rcvd: u64, emu_sent: u64) -> Outcome {
+        Outcome {
+            name: name.into(),
+            dir: Direction::KernelServer,
+            bytes: 0,
+            packets: captured,
+            secs: 0.0,
+            failures: vec!["byte mismatch".into()],
+            notes: Vec::new(),
+            counters: [("rcvd_pkts".to_string(), kernel_rcvd)].into(),
+            emu_counters: [("sent_pkts".to_string(), emu_sent)].into(),
+        }
+    }
+
+    /// Only a UC run whose every packet is on the bridge, and fewer in
+    /// the kernel's count, is the guest's loss.
+    #[test]
+    fn guest_dropped_uc_needs_every_packet_on_the_bridge() {
+        assert!(guest_dropped_uc(&outcome(
+            "p-uc-write-m1024",
+            1108,
+            1101,
+            1108
+        )));
+        // Fewer on the bridge than we sent: ours (or the host's) loss.
+        assert!(!guest_dropped_uc(&outcome(
+            "p-uc-write-m1024",
+            1100,
+            1100,
+            1108
+        )));
+        // All received: the failure is something else.
+        assert!(!guest_dropped_uc(&outcome(
+            "p-uc-write-m1024",
+            1108,
+            1108,
+            1108
+        )));
+        // RC retransmits: a loss is never the answer there.
+        assert!(!guest_dropped_uc(&outcome(
+            "p-rc-write-m1024",
+            1108,
+            1101,
+            1108
+        )));
+        // Nothing sent by us (the kernel was the sender).
+        assert!(!guest_dropped_uc(&outcome("p-uc-write-m1024", 1108, 0, 0)));
+    }
 }
