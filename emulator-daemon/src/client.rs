@@ -3,6 +3,7 @@
 
 use std::io::{self, Read};
 use std::net::UdpSocket;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -20,6 +21,9 @@ pub struct Opened {
     pub control: UnixStream,
     /// Ranges and addresses to configure the engine with.
     pub info: DeviceInfo,
+    /// The slot's same-host inbox (memfd, eventfd; see `local_link`), if
+    /// the daemon has one for it.
+    pub inbox: Option<(OwnedFd, OwnedFd)>,
 }
 
 fn connect(path: &Path) -> Result<UnixStream, String> {
@@ -55,13 +59,17 @@ pub fn open(path: &Path, name: &str) -> Result<Opened, String> {
         return Err(format!("rxe-emud: {msg}"));
     }
     let info = DeviceInfo::from_line(&line)?;
-    if fds.len() != 1 {
+    if fds.len() != 1 && fds.len() != 3 {
         return Err(format!(
-            "rxe-emud sent {} sockets with its reply, expected 1",
+            "rxe-emud sent {} fds with its reply, expected 1 or 3",
             fds.len()
         ));
     }
     let socket = UdpSocket::from(fds.remove(0));
+    let inbox = (fds.len() == 2).then(|| {
+        let event = fds.pop().expect("two fds");
+        (fds.pop().expect("two fds"), event)
+    });
     socket
         .set_nonblocking(true)
         .map_err(|e| format!("slot socket: {e}"))?;
@@ -69,7 +77,29 @@ pub fn open(path: &Path, name: &str) -> Result<Opened, String> {
         socket,
         control: s,
         info,
+        inbox,
     })
+}
+
+/// The same-host inbox (memfd, eventfd) of slot `slot` of device `name`,
+/// or `None` when the slot has none (nobody owns it): its packets then go
+/// by UDP, where the daemon counts them.
+pub fn inbox(path: &Path, name: &str, slot: usize) -> Result<Option<(OwnedFd, OwnedFd)>, String> {
+    let s = connect(path)?;
+    fdpass::send_all_nosignal(&s, format!("INBOX {name} {slot}\n").as_bytes())
+        .map_err(|e| format!("rxe-emud: {e}"))?;
+    let (line, mut fds) = fdpass::recv_line_with_fds(&s).map_err(|e| format!("rxe-emud: {e}"))?;
+    if line.starts_with("INBOX ") && fds.len() == 2 {
+        let event = fds.pop().expect("two fds");
+        return Ok(Some((fds.pop().expect("two fds"), event)));
+    }
+    if line.starts_with("NONE ") {
+        return Ok(None);
+    }
+    Err(format!(
+        "rxe-emud answered INBOX with {line:?} and {} fds",
+        fds.len()
+    ))
 }
 
 /// Send a one-shot request (`STATUS`, `STOP`) and read the whole reply.

@@ -1,4 +1,5 @@
-//! Passing a socket between processes (`SCM_RIGHTS`) with a reply line.
+//! Passing sockets and other fds between processes (`SCM_RIGHTS`) with a
+//! reply line.
 //! The only `unsafe` of the crate: taking ownership of a received fd.
 
 use std::io::{self, IoSlice, IoSliceMut};
@@ -9,9 +10,13 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 
 /// Send `line` (with a newline) and, attached to it, `fd`.
 pub(crate) fn send_line_with_fd(stream: &UnixStream, line: &str, fd: RawFd) -> io::Result<()> {
+    send_line_with_fds(stream, line, &[fd])
+}
+
+/// Send `line` (with a newline) and, attached to it, `fds` (at most 4).
+pub(crate) fn send_line_with_fds(stream: &UnixStream, line: &str, fds: &[RawFd]) -> io::Result<()> {
     let data = format!("{line}\n");
-    let fds = [fd];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
     let mut sent = sendmsg::<()>(
         stream.as_raw_fd(),
         &[IoSlice::new(data.as_bytes())],

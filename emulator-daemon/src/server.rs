@@ -151,6 +151,12 @@ struct Device {
     owner: Vec<Option<u64>>,
     /// Times each slot was given out.
     generation: Vec<u32>,
+    /// The same-host inbox of each owned slot (`local_link`): created when
+    /// the slot is given out, closed when it is released, handed to the
+    /// owner with its socket and to the device's other processes on
+    /// request (`INBOX`). `None` also if it could not be created (no
+    /// memfd): the device's processes then use UDP alone.
+    inboxes: Vec<Option<local_link::InboxFile>>,
     /// When each slot was last released (a sequence number; 0: never
     /// used): the least recently used free slot is given first.
     released: Vec<u64>,
@@ -407,6 +413,7 @@ fn new_device(existing: &[Device], spec: &DeviceSpec, slots: u32) -> Result<Devi
         socks,
         owner: vec![None; n],
         generation: vec![0; n],
+        inboxes: (0..n).map(|_| None).collect(),
         released: vec![0; n],
         stats: DeviceStats::default(),
         fault: None,
@@ -795,6 +802,10 @@ impl Server {
                         return stop;
                     }
                 }
+                (Some("INBOX"), Some(dev), Some(slot)) => {
+                    self.send_inbox(id, dev, slot);
+                    done = true;
+                }
                 (Some("OPEN"), Some(name), None) => {
                     if let Err(e) = self.open(id, name) {
                         let c = self.clients.get_mut(&id).expect("client exists");
@@ -1119,9 +1130,26 @@ impl Server {
             qpn_first: first,
             key_seed: seed,
         };
+        // The slot's inbox for the same-host path, new for each owner (a
+        // sender still holding the last owner's sees it closed).
+        let inbox = local_link::InboxFile::create(
+            &format!("rxe-emu {name} slot {slot}"),
+            dev.socks.len(),
+            local_link::DEFAULT_RING_SIZE,
+        );
+        if let Err(e) = &inbox {
+            eprintln!("rxe-emud: device {name} slot {slot}: no same-host inbox ({e}); its packets go by UDP");
+        }
+        dev.inboxes[slot] = inbox.ok();
+        let mut fds = vec![dev.socks[slot].as_raw_fd()];
+        if let Some(i) = &dev.inboxes[slot] {
+            fds.extend([i.memfd().as_raw_fd(), i.eventfd().as_raw_fd()]);
+        }
         let c = self.clients.get_mut(&id).expect("client exists");
-        fdpass::send_line_with_fd(&c.stream, &info.to_line(), dev.socks[slot].as_raw_fd())
-            .map_err(|e| format!("sending the slot socket: {e}"))?;
+        if let Err(e) = fdpass::send_line_with_fds(&c.stream, &info.to_line(), &fds) {
+            dev.inboxes[slot] = None;
+            return Err(format!("sending the slot socket: {e}"));
+        }
         dev.owner[slot] = Some(id);
         c.slots.push((d, slot));
         if let Some(f) = &dev.fault {
@@ -1131,6 +1159,33 @@ impl Server {
             let _ = c.stream.write_all(format!("TRACE {tag} on\n").as_bytes());
         }
         Ok(())
+    }
+
+    /// `INBOX <device> <slot>`: the fds of that slot's same-host inbox
+    /// (`INBOX <slot>` and a memfd and an eventfd), or `NONE <why>` when
+    /// nobody owns the slot or it has no inbox (then UDP is the way).
+    fn send_inbox(&mut self, id: u64, name: &str, slot: &str) {
+        let c = self.clients.get(&id).expect("client exists");
+        let Some(dev) = self.devices.iter().find(|d| d.spec.name == name) else {
+            let _ = (&c.stream).write_all(format!("NONE no device {name:?}\n").as_bytes());
+            return;
+        };
+        let inbox = slot
+            .parse::<usize>()
+            .ok()
+            .and_then(|s| dev.inboxes.get(s))
+            .and_then(|i| i.as_ref());
+        let sent = match inbox {
+            Some(i) => fdpass::send_line_with_fds(
+                &c.stream,
+                &format!("INBOX {slot}"),
+                &[i.memfd().as_raw_fd(), i.eventfd().as_raw_fd()],
+            ),
+            None => (&c.stream).write_all(
+                format!("NONE slot {slot} of {name} has no inbox (no owner)\n").as_bytes(),
+            ),
+        };
+        let _ = sent;
     }
 
     /// Client `id` is gone: free its slots.
@@ -1157,6 +1212,8 @@ impl Server {
             self.release_seq += 1;
             let dev = &mut self.devices[d];
             dev.owner[s] = None;
+            // Dropping it marks it closed for the senders that hold it.
+            dev.inboxes[s] = None;
             dev.released[s] = self.release_seq;
         }
         for t in tags {

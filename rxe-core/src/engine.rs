@@ -1683,6 +1683,13 @@ impl<M: Memory> Engine<M> {
         self.ctx.counters.send_err += 1;
     }
 
+    /// The driver discarded `n` packets that arrived malformed before
+    /// they reached the engine (an inconsistent shared-memory ring):
+    /// counted as `rcvd_malformed`.
+    pub fn note_malformed(&mut self, n: u64) {
+        self.ctx.counters.rcvd_malformed += n;
+    }
+
     /// Number of datagrams built and waiting to be sent. READ replies
     /// under way build theirs as `poll_transmit` asks, and are not counted.
     pub fn pending_transmits(&self) -> usize {

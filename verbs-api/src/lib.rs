@@ -64,6 +64,7 @@
 
 mod device;
 mod hostmem;
+mod local;
 mod objects;
 mod sys;
 

@@ -817,6 +817,7 @@ impl QueuePair {
 
     /// Post a send work request; its packets leave at once.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        self.dev.inner.note_app_post();
         let now = self.dev.inner.now();
         let mut e = self.dev.inner.lock();
         e.post_send(now, self.qpn, wr)?;
@@ -856,6 +857,7 @@ impl QueuePair {
 
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        self.dev.inner.note_app_post();
         let mut e = self.dev.inner.lock();
         e.post_recv(self.qpn, wr)?;
         // In ERR the WR was flushed at once: deliver its notification.
@@ -968,6 +970,7 @@ impl SharedReceiveQueue {
 
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        self.dev.inner.note_app_post();
         Ok(self.dev.inner.lock().post_srq_recv(self.h, wr)?)
     }
 }

@@ -8,6 +8,12 @@ use std::time::Duration;
 /// Wait until one of `fds` is readable or `timeout` passes (`None`: no
 /// limit). Returns false on timeout. EINTR counts as a timeout.
 pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> bool {
+    wait_readable_which(fds, timeout) != 0
+}
+
+/// [`wait_readable`], telling which: bit `i` is set if `fds[i]` (of the
+/// first 64) is readable or in error. 0 on timeout or EINTR.
+pub(crate) fn wait_readable_which(fds: &[RawFd], timeout: Option<Duration>) -> u64 {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -34,7 +40,14 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> bool {
             std::ptr::null(),
         )
     };
-    n > 0
+    if n <= 0 {
+        return 0;
+    }
+    pfds.iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, p)| p.revents != 0)
+        .fold(0, |m, (i, _)| m | 1 << i)
 }
 
 /// Make the calling thread's timed waits end on time (`PR_SET_TIMERSLACK`

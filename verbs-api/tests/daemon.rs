@@ -689,6 +689,109 @@ fn a_killed_client_frees_its_slot_and_its_peer_gets_retry_exceeded() {
     }
 }
 
+/// `NAME N` from a STAT reply's device line (the first).
+fn stat_value(stat: &str, name: &str) -> u64 {
+    let w: Vec<&str> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    w.iter()
+        .position(|x| *x == name)
+        .and_then(|i| w.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {stat}"))
+}
+
+#[test]
+fn a_dead_slots_inbox_closes_its_senders_fall_back_to_udp_and_find_the_next_owner() {
+    // Three slots: this process and two pingpong servers in turn.
+    let d = Daemon::start("inbox", "rxe0=127.0.21.8", 3);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let me = side(d.open(), QpType::Rc);
+    let mut buf = vec![7u8; 64];
+    let mr = me.pd.reg_mr(&mut buf, ALL).unwrap();
+    let talk = |me: &Side, mr: &verbs_api::MemoryRegion<'_>, peer: u16| {
+        let (qpn, psn, gid) = exchange(peer, me.qp.qpn(), me.dev.gid());
+        connect(me, qpn, gid, 8, 2, psn);
+        for i in 0..4u64 {
+            me.qp
+                .post_recv(RecvWr {
+                    wr_id: 100 + i,
+                    sg_list: vec![mr.sge(0, 64)],
+                })
+                .unwrap();
+        }
+        me.qp
+            .post_send(SendWr::new(1, SendOp::Send, vec![mr.sge(0, 64)]))
+            .unwrap();
+        let wcs = me.cq.wait(2, WAIT).unwrap();
+        assert!(
+            wcs.iter().all(|w| w.status == WcStatus::Success) && wcs.len() == 2,
+            "{wcs:?}"
+        );
+        qpn
+    };
+    let mut victim = pingpong(&d.path, "rc", "18631", true);
+    victim.args(["-n", "1000000", "-s", "64"]);
+    let victim = KillOnDrop(victim.spawn().unwrap());
+    let dead_qpn = talk(&me, &mr, 18631);
+    // Between two processes of one device: every datagram through the
+    // inboxes, none through UDP.
+    let stat = ask("STAT rxe0");
+    assert!(stat_value(&stat, "sent_inbox_pkts") >= 2, "{stat}");
+    assert_eq!(stat_value(&stat, "sent_udp_pkts"), 0, "{stat}");
+    assert_eq!(
+        stat_value(&stat, "sent_inbox_pkts"),
+        stat_value(&stat, "sent_pkts"),
+        "{stat}"
+    );
+
+    // The peer dies: its inbox closes, our retries go by UDP to a slot
+    // nobody owns (the daemon counts them), and the SEND fails as before.
+    drop(victim);
+    let start = Instant::now();
+    while !d.status().contains("slots 1/2") {
+        assert!(start.elapsed() < WAIT, "{}", d.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = no_owner_drops(&d.status());
+    me.qp
+        .post_send(SendWr::new(2, SendOp::Send, vec![mr.sge(0, 64)]))
+        .unwrap();
+    let wc = loop {
+        if let Some(w) = me.cq.poll(4).unwrap().into_iter().find(|w| w.wr_id == 2) {
+            break w;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no completion for the SEND to a dead peer"
+        );
+    };
+    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    assert!(no_owner_drops(&d.status()) > before, "{}", d.status());
+    let stat = ask("STAT rxe0");
+    assert!(stat_value(&stat, "sent_udp_pkts") > 0, "{stat}");
+
+    // The next process in that slot gets a new inbox, which a new QP of
+    // ours finds.
+    let mut next = pingpong(&d.path, "rc", "18632", true);
+    next.args(["-n", "1000000", "-s", "64"]);
+    let _next = KillOnDrop(next.spawn().unwrap());
+    let me2 = side(me.dev.clone(), QpType::Rc);
+    let mut buf2 = vec![8u8; 64];
+    let mr2 = me2.pd.reg_mr(&mut buf2, ALL).unwrap();
+    let inbox_before = stat_value(&ask("STAT rxe0"), "sent_inbox_pkts");
+    let qpn = talk(&me2, &mr2, 18632);
+    assert_eq!(qpn >> 16, dead_qpn >> 16, "the dead peer's slot");
+    let stat = ask("STAT rxe0");
+    assert!(
+        stat_value(&stat, "sent_inbox_pkts") >= inbox_before + 2,
+        "{stat}"
+    );
+}
+
 #[test]
 fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
     let d = Daemon::start("cli", "rxe0=127.0.21.6", 8);
@@ -733,6 +836,14 @@ fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
         sent(lines[0]),
         a.dev.counters().sent_pkts + b.dev.counters().sent_pkts
     );
+    // Two slots of one device: all of it through the inboxes (so the
+    // FAULT below also shows that faults apply on that path).
+    assert_eq!(
+        stat_value(&stat, "sent_inbox_pkts"),
+        sent(lines[0]),
+        "{stat}"
+    );
+    assert_eq!(stat_value(&stat, "sent_udp_pkts"), 0, "{stat}");
     // Each QP's share, under its process: the SEND's requester sent the
     // request, its responder the ACK.
     for s in [&a, &b] {

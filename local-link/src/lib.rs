@@ -1,0 +1,439 @@
+//! The same-host path between the processes of one rxe-emu device.
+//!
+//! Kernel rxe hands a packet for its own device from the requester to the
+//! responder without the network stack (`rxe_loopback()`). Two processes
+//! of one `rxe-emud` device would otherwise exchange every RoCEv2 packet
+//! as a UDP datagram on `<addr>:4791`: a `sendmmsg`, the kernel's UDP path
+//! and a `recvfrom` per packet. Here they exchange the same bytes through
+//! shared memory instead: the receiver finds a packet with a memory load,
+//! and a sender wakes it (an eventfd write) only if it sleeps.
+//!
+//! **An inbox** belongs to one slot of a device (the process that owns
+//! the slot consumes it). `rxe-emud` creates it when it gives the slot out
+//! ([`InboxFile::create`]: a memfd and an eventfd), hands both fds to the
+//! owner and, on request, to the device's other processes, and marks it
+//! closed when the owner lets go of the slot ([`InboxFile::close`]); a
+//! process that sees it closed asks again (the slot may have a new owner
+//! and a new inbox) or falls back to UDP, where the daemon counts what
+//! reaches a slot nobody owns, as before.
+//!
+//! An inbox holds one single-producer ring per slot of the device: the
+//! process in slot `s` writes only to ring `s` of another's inbox, so a
+//! process that dies mid-write corrupts nothing but its own ring, whose
+//! unpublished record is never seen. Every word another process can write
+//! is validated before use, and a ring found inconsistent is emptied and
+//! counted ([`Inbox::take_dropped`]), never trusted: packets from it are
+//! copied out and parsed by the engine like any packet from the network.
+//!
+//! Layout (all offsets in bytes, all words little-endian atomics):
+//! - page 0: magic (0), rings (8), ring size (16); `closed` (u32, 64);
+//!   `sleeping` (u32, 128: 0 awake, 1 asleep, 2 asleep and kicked);
+//!   `active` (u64, 192: bit `s` set once ring `s` was written);
+//! - from page 1: one 256-byte control block per ring: `tail` (u64, 0,
+//!   written by the producer) and `head` (u64, 128, by the consumer), both
+//!   byte positions that only grow;
+//! - then the rings' data, `ring size` bytes each, page-aligned: records
+//!   of an 8-byte header (u32 length, u16 UDP source port, u16 zero) and
+//!   the datagram padded to 8 bytes; a length of `u32::MAX` means "the
+//!   rest of this lap is unused, continue at offset 0".
+
+mod shm;
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+
+use shm::Mapping;
+
+/// Bytes of each ring: 4 MiB holds the 128 unacknowledged packets a
+/// reliable QP may have in flight at path MTU 4096 eight times over
+/// (pages are allocated only as a ring is written).
+pub const DEFAULT_RING_SIZE: usize = 4 << 20;
+
+/// The largest datagram an inbox carries (a UDP payload's limit).
+pub const MAX_DATAGRAM: usize = 65507;
+
+const MAGIC: u64 = 0x7278_655f_6c6c_0001; // "rxe_ll", layout 1
+const PAGE: usize = 4096;
+const CTRL: usize = 256;
+const OFF_RINGS: usize = 8;
+const OFF_RING_SIZE: usize = 16;
+const OFF_CLOSED: usize = 64;
+const OFF_SLEEPING: usize = 128;
+const OFF_ACTIVE: usize = 192;
+const REC: usize = 8;
+const WRAP: u32 = u32::MAX;
+
+const AWAKE: u32 = 0;
+const ASLEEP: u32 = 1;
+const KICKED: u32 = 2;
+
+/// Where things are in an inbox of `rings` rings of `ring_size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    rings: usize,
+    ring_size: usize,
+}
+
+impl Layout {
+    fn new(rings: usize, ring_size: usize) -> io::Result<Layout> {
+        let ok = (1..=64).contains(&rings)
+            && ring_size % PAGE == 0
+            && (2 * (REC + MAX_DATAGRAM + 8)..=1 << 30).contains(&ring_size);
+        if !ok {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "inbox layout of {rings} rings of {ring_size} bytes: need 1-64 rings of whole pages, 128 KiB to 1 GiB"
+                ),
+            ));
+        }
+        Ok(Layout { rings, ring_size })
+    }
+
+    fn ctrl(&self, ring: usize) -> usize {
+        PAGE + ring * CTRL
+    }
+
+    fn data(&self, ring: usize) -> usize {
+        let ctrl_end = PAGE + self.rings * CTRL;
+        ctrl_end.div_ceil(PAGE) * PAGE + ring * self.ring_size
+    }
+
+    fn len(&self) -> usize {
+        self.data(self.rings)
+    }
+}
+
+fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// The daemon's handle on one slot's inbox: it creates it, hands out its
+/// fds and closes it. It maps only the first page.
+pub struct InboxFile {
+    memfd: OwnedFd,
+    eventfd: OwnedFd,
+    header: Mapping,
+}
+
+impl InboxFile {
+    /// A new inbox of `rings` rings (one per slot of the device) of
+    /// `ring_size` bytes each; `name` shows in `/proc/<pid>/maps`.
+    pub fn create(name: &str, rings: usize, ring_size: usize) -> io::Result<InboxFile> {
+        let layout = Layout::new(rings, ring_size)?;
+        let memfd = shm::memfd(name, layout.len() as u64)?;
+        let eventfd = shm::eventfd()?;
+        let header = Mapping::map(&memfd, PAGE)?;
+        header.u64_at(OFF_RINGS).store(rings as u64, Relaxed);
+        header
+            .u64_at(OFF_RING_SIZE)
+            .store(ring_size as u64, Relaxed);
+        header.u64_at(0).store(MAGIC, Release);
+        Ok(InboxFile {
+            memfd,
+            eventfd,
+            header,
+        })
+    }
+
+    /// The memfd to hand to a process.
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// The eventfd to hand to a process.
+    pub fn eventfd(&self) -> BorrowedFd<'_> {
+        self.eventfd.as_fd()
+    }
+
+    /// The owner let go of the slot: senders stop writing here (they see
+    /// it before their next write) and ask for the slot's new inbox.
+    pub fn close(&self) {
+        self.header.u32_at(OFF_CLOSED).store(1, SeqCst);
+    }
+}
+
+impl Drop for InboxFile {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Why a datagram did not go into an inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushError {
+    /// The ring has no room now (the consumer is behind): try later.
+    Full,
+    /// The inbox's owner let go of its slot: ask the daemon again.
+    Closed,
+    /// The ring's words are inconsistent (written by someone else):
+    /// stop using this inbox.
+    Corrupt,
+    /// Larger than [`MAX_DATAGRAM`], or a ring that does not exist.
+    Invalid,
+}
+
+/// A datagram taken out of an inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Popped {
+    /// The ring it came from: the sender's slot.
+    pub ring: usize,
+    /// The UDP source port the sender gave it (the sender's QP's port).
+    pub src_port: u16,
+    /// Its length, at the start of the caller's buffer.
+    pub len: usize,
+}
+
+/// A process's view of an inbox: its own (to consume) or another
+/// process's (to produce into its ring).
+pub struct Inbox {
+    map: Mapping,
+    layout: Layout,
+    event: std::fs::File,
+    /// Consumer: the ring to look at first (round robin between senders).
+    cursor: AtomicUsize,
+    /// Consumer: records or rings found inconsistent and discarded.
+    dropped: AtomicU64,
+}
+
+impl Inbox {
+    /// Map an inbox from the fds the daemon handed over, checking that it
+    /// is one (magic, a layout that fits the file).
+    pub fn open(memfd: OwnedFd, eventfd: OwnedFd) -> io::Result<Inbox> {
+        let size = std::fs::File::from(memfd.try_clone()?).metadata()?.len();
+        let bad = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("not an rxe-emu inbox: {what}"),
+            )
+        };
+        if size < PAGE as u64 {
+            return Err(bad("shorter than a page"));
+        }
+        let head = Mapping::map(&memfd, PAGE)?;
+        if head.u64_at(0).load(Acquire) != MAGIC {
+            return Err(bad("wrong magic"));
+        }
+        let rings = head.u64_at(OFF_RINGS).load(Relaxed);
+        let ring_size = head.u64_at(OFF_RING_SIZE).load(Relaxed);
+        drop(head);
+        let layout = Layout::new(
+            usize::try_from(rings).map_err(|_| bad("ring count"))?,
+            usize::try_from(ring_size).map_err(|_| bad("ring size"))?,
+        )?;
+        if (layout.len() as u64) > size {
+            return Err(bad("smaller than its layout"));
+        }
+        let map = Mapping::map(&memfd, layout.len())?;
+        Ok(Inbox {
+            map,
+            layout,
+            event: std::fs::File::from(eventfd),
+            cursor: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// How many rings (slots) the inbox has.
+    pub fn rings(&self) -> usize {
+        self.layout.rings
+    }
+
+    /// Whether the owner let go of the slot.
+    pub fn is_closed(&self) -> bool {
+        self.map.u32_at(OFF_CLOSED).load(SeqCst) != 0
+    }
+
+    fn tail(&self, ring: usize) -> &AtomicU64 {
+        self.map.u64_at(self.layout.ctrl(ring))
+    }
+
+    fn head(&self, ring: usize) -> &AtomicU64 {
+        self.map.u64_at(self.layout.ctrl(ring) + 128)
+    }
+
+    /// Whether `head..tail` can be a ring's content.
+    fn consistent(&self, head: u64, tail: u64) -> bool {
+        head <= tail && tail - head <= self.layout.ring_size as u64 && (head | tail) % 8 == 0
+    }
+
+    /// Producer (the process in slot `ring`): append a datagram with its
+    /// UDP source port. Call [`Inbox::kick`] after a batch.
+    pub fn push(&self, ring: usize, src_port: u16, datagram: &[u8]) -> Result<(), PushError> {
+        if ring >= self.layout.rings || datagram.len() > MAX_DATAGRAM {
+            return Err(PushError::Invalid);
+        }
+        if self.is_closed() {
+            return Err(PushError::Closed);
+        }
+        let size = self.layout.ring_size as u64;
+        let tail = self.tail(ring).load(Relaxed);
+        let head = self.head(ring).load(Acquire);
+        if !self.consistent(head, tail) {
+            return Err(PushError::Corrupt);
+        }
+        let need = (REC + pad8(datagram.len())) as u64;
+        let mut at = tail;
+        let off = (tail % size) as usize;
+        let skip = if off as u64 + need > size {
+            size - off as u64
+        } else {
+            0
+        };
+        if tail - head + skip + need > size {
+            return Err(PushError::Full);
+        }
+        let base = self.layout.data(ring);
+        if skip > 0 {
+            // The record does not fit before the end: mark the rest of the
+            // lap unused (records are 8-aligned, so a header fits).
+            self.map.write(base + off, &WRAP.to_le_bytes());
+            at += skip;
+        }
+        let off = (at % size) as usize;
+        let mut hdr = [0u8; REC];
+        hdr[..4].copy_from_slice(&(datagram.len() as u32).to_le_bytes());
+        hdr[4..6].copy_from_slice(&src_port.to_le_bytes());
+        self.map.write(base + off, &hdr);
+        self.map.write(base + off + REC, datagram);
+        self.tail(ring).store(at + need, SeqCst);
+        let active = self.map.u64_at(OFF_ACTIVE);
+        if active.load(SeqCst) & (1 << ring) == 0 {
+            active.fetch_or(1 << ring, SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Producer: wake the consumer if it sleeps (one eventfd write per
+    /// sleep, however many senders kick).
+    pub fn kick(&self) {
+        let sleeping = self.map.u32_at(OFF_SLEEPING);
+        if sleeping
+            .compare_exchange(ASLEEP, KICKED, SeqCst, SeqCst)
+            .is_ok()
+        {
+            let _ = (&self.event).write(&1u64.to_ne_bytes());
+        }
+    }
+
+    /// Consumer: take the next datagram into `buf` (at least
+    /// [`MAX_DATAGRAM`] bytes), rings taken in turn.
+    pub fn pop(&self, buf: &mut [u8]) -> Option<Popped> {
+        let active = self.map.u64_at(OFF_ACTIVE).load(SeqCst);
+        if active == 0 {
+            return None;
+        }
+        let n = self.layout.rings;
+        let start = self.cursor.load(Relaxed) % n;
+        for k in 0..n {
+            let ring = (start + k) % n;
+            if active & (1 << ring) == 0 {
+                continue;
+            }
+            if let Some(p) = self.pop_ring(ring, buf) {
+                self.cursor.store(ring + 1, Relaxed);
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    fn pop_ring(&self, ring: usize, buf: &mut [u8]) -> Option<Popped> {
+        let size = self.layout.ring_size as u64;
+        let base = self.layout.data(ring);
+        loop {
+            let head = self.head(ring).load(Relaxed);
+            let tail = self.tail(ring).load(SeqCst);
+            if head == tail {
+                return None;
+            }
+            if !self.consistent(head, tail) {
+                return self.discard(ring, tail);
+            }
+            let off = (head % size) as usize;
+            let mut hdr = [0u8; REC];
+            self.map.read(base + off, &mut hdr);
+            let len = u32::from_le_bytes(hdr[..4].try_into().expect("4 bytes"));
+            if len == WRAP {
+                let next = head + (size - off as u64);
+                if off == 0 || next > tail {
+                    return self.discard(ring, tail);
+                }
+                self.head(ring).store(next, Release);
+                continue;
+            }
+            let len = len as usize;
+            let need = (REC + pad8(len)) as u64;
+            if len > MAX_DATAGRAM
+                || len > buf.len()
+                || off as u64 + need > size
+                || head + need > tail
+            {
+                return self.discard(ring, tail);
+            }
+            self.map.read(base + off + REC, &mut buf[..len]);
+            let src_port = u16::from_le_bytes([hdr[4], hdr[5]]);
+            self.head(ring).store(head + need, SeqCst);
+            return Some(Popped {
+                ring,
+                src_port,
+                len,
+            });
+        }
+    }
+
+    /// A ring whose words make no sense: drop what it holds.
+    fn discard(&self, ring: usize, tail: u64) -> Option<Popped> {
+        self.dropped.fetch_add(1, Relaxed);
+        if self.consistent(tail, tail) {
+            self.head(ring).store(tail, SeqCst);
+        }
+        None
+    }
+
+    /// Consumer: records or rings discarded as inconsistent since the
+    /// last call.
+    pub fn take_dropped(&self) -> u64 {
+        self.dropped.swap(0, Relaxed)
+    }
+
+    /// Consumer: whether any ring holds a datagram.
+    pub fn has_data(&self) -> bool {
+        let active = self.map.u64_at(OFF_ACTIVE).load(SeqCst);
+        (0..self.layout.rings)
+            .filter(|r| active & (1 << r) != 0)
+            .any(|r| self.head(r).load(SeqCst) != self.tail(r).load(SeqCst))
+    }
+
+    /// Consumer, about to wait on [`Inbox::event_fd`]: say so, so that
+    /// producers kick. Returns false (and stays awake) if a datagram came
+    /// in the meantime; then do not wait.
+    pub fn sleep_begin(&self) -> bool {
+        self.map.u32_at(OFF_SLEEPING).store(ASLEEP, SeqCst);
+        if self.has_data() {
+            self.sleep_end();
+            return false;
+        }
+        true
+    }
+
+    /// Consumer, done waiting: producers stop kicking. The eventfd is
+    /// emptied every time: a producer that won the kick may write it only
+    /// after this (so a wait may end early once; never late).
+    pub fn sleep_end(&self) {
+        self.map.u32_at(OFF_SLEEPING).store(AWAKE, SeqCst);
+        let mut b = [0u8; 8];
+        let _ = (&self.event).read(&mut b);
+    }
+
+    /// The fd that becomes readable when a producer kicks.
+    pub fn event_fd(&self) -> RawFd {
+        self.event.as_raw_fd()
+    }
+
+    /// Bytes mapped.
+    pub fn mapped_len(&self) -> usize {
+        self.map.len()
+    }
+}

@@ -1,0 +1,136 @@
+//! The crate's only `unsafe`: creating a memfd and an eventfd, mapping a
+//! memfd, and reaching into the mapping (atomics and byte copies) at
+//! bounds-checked offsets.
+//!
+//! The mapping is shared with other processes, which may write anything
+//! at any time. Nothing here ever hands out a reference to plain bytes of
+//! it: bytes are copied in or out, and the words the processes
+//! synchronise on are only ever touched as atomics.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// A new memfd of `len` bytes (sparse: pages are allocated when written).
+pub(crate) fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name.replace('\0', "?")).expect("no NUL left");
+    // SAFETY: `cname` is a valid NUL-terminated string for the duration of
+    // the call; memfd_create touches no other memory of ours.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create just returned this fd to us; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    std::fs::File::from(fd.try_clone()?).set_len(len)?;
+    Ok(fd)
+}
+
+/// A new non-blocking eventfd (its flags belong to the open file, so
+/// every process that receives it sees it non-blocking too).
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes two integers and touches no memory of ours.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: eventfd just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A shared mapping of the first `len` bytes of a file.
+pub(crate) struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is only reached through atomics and byte copies at
+// checked offsets (below), which are as sound from any thread as from
+// the other processes that share it.
+unsafe impl Send for Mapping {}
+// SAFETY: as for Send: no method gives out a non-atomic reference.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map `len` bytes of `fd`, shared and writable.
+    pub(crate) fn map(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        // SAFETY: a new mapping at an address the kernel chooses; it
+        // aliases no Rust object. The file stays mapped after `fd` closes.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn check(&self, off: usize, n: usize, align: usize) {
+        assert!(
+            off % align == 0 && off.checked_add(n).is_some_and(|end| end <= self.len),
+            "shared-memory access {off}+{n} outside a mapping of {} bytes",
+            self.len
+        );
+    }
+
+    /// The 64-bit word at `off` (8-aligned, inside the mapping).
+    pub(crate) fn u64_at(&self, off: usize) -> &AtomicU64 {
+        self.check(off, 8, 8);
+        // SAFETY: in bounds and aligned (checked above; the mapping is
+        // page-aligned); the word lives as long as `self`, and is only
+        // ever accessed atomically by this crate.
+        unsafe { AtomicU64::from_ptr(self.ptr.add(off).cast()) }
+    }
+
+    /// The 32-bit word at `off` (4-aligned, inside the mapping).
+    pub(crate) fn u32_at(&self, off: usize) -> &AtomicU32 {
+        self.check(off, 4, 4);
+        // SAFETY: as for `u64_at`.
+        unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast()) }
+    }
+
+    /// Copy `src` into the mapping at `off`.
+    pub(crate) fn write(&self, off: usize, src: &[u8]) {
+        self.check(off, src.len(), 1);
+        // SAFETY: the destination range is inside the mapping (checked),
+        // which no Rust reference covers; `src` is a separate allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(off), src.len()) }
+    }
+
+    /// Copy bytes of the mapping at `off` into `dst`. Another process may
+    /// be writing them: the copy then holds whatever it finds, which the
+    /// caller validates like any packet from the network.
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) {
+        self.check(off, dst.len(), 1);
+        // SAFETY: the source range is inside the mapping (checked); `dst`
+        // is an exclusively borrowed, separate allocation.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), dst.as_mut_ptr(), dst.len()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned; nothing
+        // borrowed from the mapping outlives `self`.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Inboxes as the daemon creates them and processes use them.
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+
+use local_link::{Inbox, InboxFile, PushError, DEFAULT_RING_SIZE, MAX_DATAGRAM};
+
+const RING: usize = 128 << 10;
+
+fn fds(f: &InboxFile) -> (OwnedFd, OwnedFd) {
+    (
+        f.memfd().try_clone_to_owned().unwrap(),
+        f.eventfd().try_clone_to_owned().unwrap(),
+    )
+}
+
+fn open(f: &InboxFile) -> Inbox {
+    let (m, e) = fds(f);
+    Inbox::open(m, e).unwrap()
+}
+
+/// A datagram whose bytes say which it is.
+fn datagram(seq: u32, len: usize) -> Vec<u8> {
+    let mut d = vec![0u8; len.max(4)];
+    d[..4].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in d.iter_mut().enumerate().skip(4) {
+        *b = (seq as usize * 31 + i) as u8;
+    }
+    d
+}
+
+#[test]
+fn datagrams_arrive_whole_in_order_with_their_port_and_ring() {
+    let f = InboxFile::create("t", 4, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    assert!(rx.pop(&mut buf).is_none());
+    assert!(!rx.has_data());
+    for i in 0..10u32 {
+        tx.push(2, 49152 + i as u16, &datagram(i, 13 + i as usize * 7))
+            .unwrap();
+    }
+    assert!(rx.has_data());
+    for i in 0..10u32 {
+        let p = rx.pop(&mut buf).unwrap();
+        assert_eq!((p.ring, p.src_port), (2, 49152 + i as u16));
+        assert_eq!(&buf[..p.len], &datagram(i, 13 + i as usize * 7)[..]);
+    }
+    assert!(rx.pop(&mut buf).is_none());
+    assert_eq!(rx.take_dropped(), 0);
+}
+
+#[test]
+fn rings_are_served_in_turn() {
+    let f = InboxFile::create("t", 4, RING).unwrap();
+    let (a, b, rx) = (open(&f), open(&f), open(&f));
+    for i in 0..3 {
+        a.push(1, 1, &datagram(i, 64)).unwrap();
+        b.push(3, 3, &datagram(100 + i, 64)).unwrap();
+    }
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let rings: Vec<usize> = (0..6).map(|_| rx.pop(&mut buf).unwrap().ring).collect();
+    assert_eq!(rings, [1, 3, 1, 3, 1, 3]);
+}
+
+#[test]
+fn a_full_ring_refuses_until_the_consumer_takes_and_laps_wrap_cleanly() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut sent = 0u32;
+    let mut got = 0u32;
+    // Sizes that do not divide the ring: records straddle the end of a
+    // lap and the wrap marker is used, many times over.
+    let len = |i: u32| 1000 + (i as usize * 37) % 3000;
+    let mut fulls = 0;
+    while got < 2000 {
+        match tx.push(1, 7, &datagram(sent, len(sent))) {
+            Ok(()) => sent += 1,
+            Err(PushError::Full) => {
+                fulls += 1;
+                for _ in 0..5 {
+                    let Some(p) = rx.pop(&mut buf) else { break };
+                    assert_eq!(&buf[..p.len], &datagram(got, len(got))[..]);
+                    got += 1;
+                }
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(fulls > 10, "the ring never filled ({fulls})");
+    assert_eq!(rx.take_dropped(), 0);
+}
+
+#[test]
+fn a_closed_inbox_refuses_and_oversized_or_unknown_rings_are_invalid() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let tx = open(&f);
+    assert_eq!(tx.push(2, 1, b"x"), Err(PushError::Invalid));
+    assert_eq!(
+        tx.push(1, 1, &vec![0; MAX_DATAGRAM + 1]),
+        Err(PushError::Invalid)
+    );
+    tx.push(1, 1, &vec![0; MAX_DATAGRAM]).unwrap();
+    assert!(!tx.is_closed());
+    f.close();
+    assert!(tx.is_closed());
+    assert_eq!(tx.push(1, 1, b"x"), Err(PushError::Closed));
+}
+
+#[test]
+fn words_scribbled_by_another_process_are_counted_and_dropped_not_trusted() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let file = std::fs::File::from(f.memfd().try_clone_to_owned().unwrap());
+    let ctrl = 4096 + 256; // ring 1's control block
+    let data = 8192 + RING as u64; // ring 1's data (control blocks fill page 1)
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+
+    // A tail beyond a ring's worth past the head.
+    tx.push(0, 1, b"x").unwrap();
+    tx.push(1, 1, b"y").unwrap();
+    file.write_at(&(RING as u64 * 3).to_le_bytes(), ctrl)
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(p) = rx.pop(&mut buf) {
+        seen.push(p.ring);
+    }
+    assert_eq!(seen, [0]);
+    assert_eq!(rx.take_dropped(), 1);
+    // The producer of ring 1 sees the inconsistency too.
+    file.write_at(&(RING as u64 * 3 - 8).to_le_bytes(), ctrl)
+        .unwrap();
+    assert_eq!(tx.push(1, 1, b"z"), Err(PushError::Corrupt));
+
+    // A record whose length runs past the tail.
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let file = std::fs::File::from(f.memfd().try_clone_to_owned().unwrap());
+    tx.push(1, 1, &[5; 16]).unwrap();
+    file.write_at(&4000u32.to_le_bytes(), data).unwrap();
+    assert!(rx.pop(&mut buf).is_none());
+    assert_eq!(rx.take_dropped(), 1);
+    // The ring is usable again after the discard.
+    tx.push(1, 1, &[6; 16]).unwrap();
+    let p = rx.pop(&mut buf).unwrap();
+    assert_eq!(&buf[..p.len], &[6; 16]);
+
+    // Something that is not an inbox.
+    let m = local_link_memfd_like();
+    let e = f.eventfd().try_clone_to_owned().unwrap();
+    assert!(Inbox::open(m, e).is_err());
+}
+
+/// A file of the right size with no inbox in it.
+fn local_link_memfd_like() -> OwnedFd {
+    let path = std::env::temp_dir().join(format!("ll-not-inbox-{}", std::process::id()));
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(1 << 20).unwrap();
+    let _ = std::fs::remove_file(&path);
+    f.into()
+}
+
+#[test]
+fn a_sleeping_consumer_is_kicked_once_and_an_awake_one_never() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut ev = std::fs::File::from(f.eventfd().try_clone_to_owned().unwrap());
+    let mut b = [0u8; 8];
+    tx.push(1, 1, b"a").unwrap();
+    tx.kick();
+    assert!(ev.read(&mut b).is_err(), "awake: no kick");
+    assert!(!rx.sleep_begin(), "data waiting: do not sleep");
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    rx.pop(&mut buf).unwrap();
+    assert!(rx.sleep_begin());
+    tx.push(1, 1, b"b").unwrap();
+    tx.kick();
+    tx.kick();
+    assert_eq!(ev.read(&mut b).unwrap(), 8);
+    assert_eq!(u64::from_ne_bytes(b), 1, "one kick per sleep");
+    rx.sleep_end();
+    assert!(rx.pop(&mut buf).is_some());
+}
+
+#[test]
+fn two_threads_move_a_million_bytes_with_kicks_and_lose_nothing() {
+    let f = InboxFile::create("t", 3, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let n = 20_000u32;
+    let len = |i: u32| 1 + (i as usize * 97) % 4200;
+    let producer = std::thread::spawn(move || {
+        let mut i = 0;
+        while i < n {
+            match tx.push(2, 9, &datagram(i, len(i))) {
+                Ok(()) => {
+                    i += 1;
+                    tx.kick();
+                }
+                Err(PushError::Full) => std::thread::yield_now(),
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    });
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut got = 0;
+    let mut ev = std::fs::File::from(f.eventfd().try_clone_to_owned().unwrap());
+    while got < n {
+        match rx.pop(&mut buf) {
+            Some(p) => {
+                assert_eq!(
+                    &buf[..p.len],
+                    &datagram(got, len(got))[..],
+                    "datagram {got}"
+                );
+                got += 1;
+            }
+            None => {
+                if rx.sleep_begin() {
+                    // Wait for the kick the way a poller would, briefly.
+                    let mut b = [0u8; 8];
+                    for _ in 0..1000 {
+                        if ev.read(&mut b).is_ok() || rx.has_data() {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                    rx.sleep_end();
+                }
+            }
+        }
+    }
+    producer.join().unwrap();
+    assert_eq!(rx.take_dropped(), 0);
+}
+
+#[test]
+fn the_default_layout_is_accepted_and_mostly_unbacked() {
+    let f = InboxFile::create("t", 64, DEFAULT_RING_SIZE).unwrap();
+    let rx = open(&f);
+    assert_eq!(rx.rings(), 64);
+    assert!(rx.mapped_len() >= 64 * DEFAULT_RING_SIZE);
+    assert!(InboxFile::create("t", 65, DEFAULT_RING_SIZE).is_err());
+    assert!(InboxFile::create("t", 2, 4096).is_err());
+}

@@ -1,0 +1,248 @@
+//! The same-host path of a daemon device: datagrams for a QP of another
+//! (or this) process of the same device go through that process's
+//! shared-memory inbox (`local_link`) instead of UDP. They are the same
+//! RoCEv2 bytes, built by the engine and passed through fault injection
+//! and the tracer exactly as UDP datagrams are; only the last hop differs.
+//!
+//! Which datagrams: those to the device's own address and port 4791 whose
+//! BTH destination QP lies in a slot of the device (QPN >> 16 in
+//! 1..slots): exactly the ones the daemon's steering program would have
+//! delivered to that slot's socket. QP1 (slot 0, the daemon's connection
+//! manager), multicast and other addresses keep UDP. A slot nobody owns
+//! has no inbox, and its datagrams go by UDP as before, where the daemon
+//! counts them.
+//!
+//! The inbox of a slot is asked of the daemon once (`INBOX`) and kept
+//! until it is closed (its owner let go of the slot). Until a process has
+//! it, datagrams for that slot go by UDP, so the first packets of a
+//! conversation may take UDP and the rest the inbox: they can overtake
+//! each other once, as on any network.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use local_link::{Inbox, PushError};
+use rxe_core::{Instant, Transmit};
+
+/// How long a slot without an inbox (nobody owns it, or the daemon could
+/// not be asked) goes by UDP before it is asked about again.
+const NO_INBOX_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The most bytes waiting for room in full inboxes; past it a datagram
+/// is dropped (and counted as a send error) as a full socket buffer
+/// drops one. Reliable QPs retransmit.
+const MAX_PENDING_BYTES: usize = 32 << 20;
+
+enum Peer {
+    Inbox(Arc<Inbox>),
+    /// No inbox: UDP until then.
+    Udp(Instant),
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Per destination slot, in order: datagrams its full inbox refused.
+    queues: HashMap<usize, VecDeque<Transmit>>,
+    bytes: usize,
+}
+
+pub(crate) struct LocalLink {
+    /// This process's inbox (it consumes it; it also produces into its
+    /// own ring of it for its own QPs).
+    pub own: Arc<Inbox>,
+    /// This process's slot: the ring it writes in others' inboxes.
+    slot: usize,
+    daemon: PathBuf,
+    device: String,
+    peers: Mutex<HashMap<usize, Peer>>,
+    pending: Mutex<Pending>,
+}
+
+/// What one [`LocalLink::send`] did.
+#[derive(Default)]
+pub(crate) struct Sent {
+    /// Datagrams not for the inbox path (UDP's).
+    pub udp: Vec<Transmit>,
+    /// Datagrams dropped (full beyond [`MAX_PENDING_BYTES`], or queued for
+    /// an inbox that closed): send errors.
+    pub dropped: u64,
+}
+
+impl LocalLink {
+    pub(crate) fn new(own: Inbox, slot: usize, daemon: PathBuf, device: String) -> LocalLink {
+        let own = Arc::new(own);
+        let mut peers = HashMap::new();
+        peers.insert(slot, Peer::Inbox(own.clone()));
+        LocalLink {
+            own,
+            slot,
+            daemon,
+            device,
+            peers: Mutex::new(peers),
+            pending: Mutex::new(Pending::default()),
+        }
+    }
+
+    /// The slot whose inbox `t` goes to, if it takes this path.
+    fn dest_slot(&self, t: &Transmit, addr: std::net::IpAddr) -> Option<usize> {
+        if t.info.dst != addr || t.info.dst_port != wire::ROCEV2_UDP_PORT {
+            return None;
+        }
+        let b = t.payload.get(5..8)?;
+        let qpn = u32::from_be_bytes([0, b[0], b[1], b[2]]);
+        let slot = (qpn >> 16) as usize;
+        (slot != 0 && slot < self.own.rings()).then_some(slot)
+    }
+
+    /// The inbox of `slot`, asking the daemon if not known (or closed).
+    fn inbox(&self, slot: usize, now: Instant) -> Option<Arc<Inbox>> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        match peers.get(&slot) {
+            Some(Peer::Inbox(i)) if !i.is_closed() => return Some(i.clone()),
+            Some(Peer::Udp(until)) if now < *until => return None,
+            _ => {}
+        }
+        let got = emulator_daemon::client::inbox(&self.daemon, &self.device, slot)
+            .ok()
+            .flatten()
+            .and_then(|(m, e)| Inbox::open(m, e).ok())
+            .filter(|i| !i.is_closed() && i.rings() == self.own.rings());
+        match got {
+            Some(i) => {
+                let i = Arc::new(i);
+                peers.insert(slot, Peer::Inbox(i.clone()));
+                Some(i)
+            }
+            None => {
+                peers.insert(slot, Peer::Udp(now + NO_INBOX_RETRY));
+                None
+            }
+        }
+    }
+
+    /// Stop using `slot`'s inbox (closed or inconsistent).
+    fn forget(&self, slot: usize, now: Instant, retry_now: bool) {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if retry_now {
+            peers.remove(&slot);
+        } else {
+            peers.insert(slot, Peer::Udp(now + NO_INBOX_RETRY));
+        }
+    }
+
+    /// Whether datagrams wait for room in a full inbox.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).bytes > 0
+    }
+
+    /// Put `ts` into inboxes (after what waited for room), in order per
+    /// destination; `sent` sees each datagram that went in. Returns the
+    /// datagrams for UDP and how many were dropped.
+    pub(crate) fn send(
+        &self,
+        ts: Vec<Transmit>,
+        addr: std::net::IpAddr,
+        now: Instant,
+        mut sent: impl FnMut(&Transmit),
+    ) -> Sent {
+        let mut out = Sent::default();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kick: Vec<Arc<Inbox>> = Vec::new();
+        // First what waited: each queue in order until its inbox is full.
+        if pending.bytes > 0 {
+            let slots: Vec<usize> = pending.queues.keys().copied().collect();
+            for slot in slots {
+                let inbox = self.inbox(slot, now);
+                let Pending { queues, bytes } = &mut *pending;
+                let q = queues.get_mut(&slot).expect("listed");
+                while let Some(t) = q.front() {
+                    let r = match &inbox {
+                        Some(i) => i.push(self.slot, t.info.src_port, &t.payload),
+                        None => Err(PushError::Closed),
+                    };
+                    match r {
+                        Ok(()) => {
+                            let t = q.pop_front().expect("front");
+                            *bytes -= t.payload.len();
+                            sent(&t);
+                        }
+                        Err(PushError::Full) => break,
+                        Err(_) => {
+                            // Its owner is gone: what waited for it is lost,
+                            // as it would be in a dead process's socket.
+                            let t = q.pop_front().expect("front");
+                            *bytes -= t.payload.len();
+                            out.dropped += 1;
+                        }
+                    }
+                }
+                if let Some(i) = inbox {
+                    kick.push(i);
+                }
+                if q.is_empty() {
+                    queues.remove(&slot);
+                }
+            }
+        }
+        for t in ts {
+            let Some(slot) = self.dest_slot(&t, addr) else {
+                out.udp.push(t);
+                continue;
+            };
+            let Pending { queues, bytes } = &mut *pending;
+            if let Some(q) = queues.get_mut(&slot) {
+                // Behind what already waits for this inbox.
+                if *bytes + t.payload.len() > MAX_PENDING_BYTES {
+                    out.dropped += 1;
+                } else {
+                    *bytes += t.payload.len();
+                    q.push_back(t);
+                }
+                continue;
+            }
+            let mut retried = false;
+            loop {
+                let Some(inbox) = self.inbox(slot, now) else {
+                    out.udp.push(t);
+                    break;
+                };
+                match inbox.push(self.slot, t.info.src_port, &t.payload) {
+                    Ok(()) => {
+                        sent(&t);
+                        if !kick.iter().any(|k| Arc::ptr_eq(k, &inbox)) {
+                            kick.push(inbox);
+                        }
+                    }
+                    Err(PushError::Full) => {
+                        if pending.bytes + t.payload.len() > MAX_PENDING_BYTES {
+                            out.dropped += 1;
+                        } else {
+                            pending.bytes += t.payload.len();
+                            pending.queues.entry(slot).or_default().push_back(t);
+                        }
+                        if !kick.iter().any(|k| Arc::ptr_eq(k, &inbox)) {
+                            kick.push(inbox);
+                        }
+                    }
+                    Err(PushError::Closed) if !retried => {
+                        // The slot may have a new owner with a new inbox.
+                        self.forget(slot, now, true);
+                        retried = true;
+                        continue;
+                    }
+                    Err(_) => {
+                        self.forget(slot, now, false);
+                        out.udp.push(t);
+                    }
+                }
+                break;
+            }
+        }
+        drop(pending);
+        for i in kick {
+            i.kick();
+        }
+        out
+    }
+}
