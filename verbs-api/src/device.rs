@@ -823,6 +823,7 @@ impl Inner {
                 dst_port: wire::ROCEV2_UDP_PORT,
                 ipv4_id: None,
                 payload: &buf[..n],
+                ecn: rxe_core::Ecn::NotEct,
             };
             if self.tracing.load(Ordering::Relaxed) {
                 let info = wire::icrc::IpUdpInfo {
