@@ -1,8 +1,104 @@
 //! One line per RoCEv2 packet: terse (opcode, QPN, PSN, length) or, for
 //! people learning RDMA, in plain words (`rxe-emu trace --explain`).
 
+use std::net::IpAddr;
+
 use wire::aeth::{NakCode, Syndrome};
-use wire::{OpFlags, PacketRepr, Transport};
+use wire::cnp::CnpRepr;
+use wire::{Ecn, OpFlags, PacketRepr, Transport};
+
+/// One RoCEv2 datagram (a UDP payload, BTH to ICRC) from `src`, which
+/// arrived with ECN codepoint `ecn`: [`explain`] (or [`terse`]) for the
+/// packets of kernel rxe's opcode table, [`explain_cnp`] (or
+/// [`terse_cnp`]) for a CNP, and what the codepoint says. `Err` for bytes
+/// that are neither (the parsers' reason).
+pub fn describe(
+    payload: &[u8],
+    src: IpAddr,
+    ecn: Ecn,
+    in_words: bool,
+) -> Result<String, wire::Error> {
+    let text = match PacketRepr::parse(payload) {
+        Ok(p) if in_words => explain(&p) + &explain_ecn(&p, ecn),
+        Ok(p) => terse(&p) + &terse_ecn(ecn),
+        Err(wire::Error::UnknownOpcode(0x81)) => {
+            let c = CnpRepr::parse(payload)?;
+            if in_words {
+                explain_cnp(src, &c)
+            } else {
+                terse_cnp(&c) + &terse_ecn(ecn)
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(text)
+}
+
+/// ` ecn CE` (nothing for Not-ECT, kernel rxe's only codepoint).
+fn terse_ecn(ecn: Ecn) -> String {
+    match ecn {
+        Ecn::NotEct => String::new(),
+        e => format!(" ecn {e}"),
+    }
+}
+
+/// Whether a CE mark on this packet makes a ConnectX-like receiver send a
+/// CNP: data and requests do; acknowledgements (ACK, NAK, atomic ACK) do
+/// not (lumina's checker counts marked data packets only).
+fn is_ack(p: &PacketRepr<'_>) -> bool {
+    p.aeth.is_some()
+        && !p
+            .bth
+            .opcode
+            .info()
+            .is_some_and(|i| i.flags.contains(OpFlags::READ))
+}
+
+/// What the IP ECN codepoint says about a packet, in words (empty for
+/// Not-ECT).
+pub fn explain_ecn(p: &PacketRepr<'_>, ecn: Ecn) -> String {
+    match ecn {
+        Ecn::NotEct => String::new(),
+        Ecn::Ce if is_ack(p) => "; marked CE (congestion experienced) by a switch on the way; \
+             an acknowledgement, so the receiver sends no CNP for it"
+            .into(),
+        Ecn::Ce => format!(
+            "; marked CE (congestion experienced) by a switch on the way: a \
+             ConnectX-like receiver (qp {:#x}) answers with a CNP to the QP that \
+             sent it; kernel rxe ignores the mark",
+            p.bth.dest_qpn
+        ),
+        e => format!(
+            "; sent ECN-capable ({e}): a congested switch may mark it CE instead of dropping it"
+        ),
+    }
+}
+
+/// `CNP qp 0x0000d2 becn`.
+pub fn terse_cnp(c: &CnpRepr) -> String {
+    format!(
+        "CNP qp {:#08x}{}{}",
+        c.dest_qpn,
+        if c.becn { " becn" } else { "" },
+        if c.fecn { " fecn" } else { "" }
+    )
+}
+
+/// A CNP in words: who sent it, which QP must slow down, what happens
+/// next on a ConnectX-like and on a kernel-rxe-like device.
+pub fn explain_cnp(src: IpAddr, c: &CnpRepr) -> String {
+    format!(
+        "CNP from {src} to QP {:#x}: the receiver saw congestion-marked (ECN CE) packets \
+             of this QP; a ConnectX-like sender cuts the QP's rate (DCQCN) and raises it \
+             again while no CNP comes, kernel rxe drops it{}",
+        c.dest_qpn,
+        if c.becn {
+            ""
+        } else {
+            " (BECN is 0, unlike every CNP ConnectX and scapy send)"
+        }
+    )
+}
 
 fn transport(t: Transport) -> &'static str {
     match t {
@@ -357,5 +453,81 @@ mod tests {
             e.starts_with("XRC SEND_ONLY psn 0x000005 → qp 0x11: 3 B for XRC SRQ 0x2a"),
             "{e}"
         );
+    }
+
+    fn sealed_cnp(qpn: u32) -> Vec<u8> {
+        let mut b = vec![0u8; 32];
+        CnpRepr::new(qpn).emit(&mut b).unwrap();
+        b
+    }
+
+    #[test]
+    fn a_cnp_in_words_and_terse() {
+        let src: IpAddr = "10.0.0.2".parse().unwrap();
+        let b = sealed_cnp(0x11);
+        let e = describe(&b, src, Ecn::NotEct, true).unwrap();
+        assert!(
+            e.starts_with(
+                "CNP from 10.0.0.2 to QP 0x11: the receiver saw congestion-marked \
+                 (ECN CE) packets of this QP;"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("DCQCN") && !e.contains("BECN is 0"), "{e}");
+        assert_eq!(
+            describe(&b, src, Ecn::NotEct, false).unwrap(),
+            "CNP qp 0x000011 becn"
+        );
+        let mut no_becn = b.clone();
+        no_becn[4] = 0;
+        let e = describe(&no_becn, src, Ecn::NotEct, true).unwrap();
+        assert!(e.contains("BECN is 0"), "{e}");
+        // A broken CNP is an error, not a panic or a sentence.
+        assert_eq!(
+            describe(&b[..20], src, Ecn::NotEct, true),
+            Err(wire::Error::Truncated)
+        );
+        assert_eq!(
+            describe(&[0x80; 32], src, Ecn::NotEct, true),
+            Err(wire::Error::UnknownOpcode(0x80))
+        );
+    }
+
+    #[test]
+    fn a_ce_mark_is_mentioned() {
+        let src: IpAddr = "10.0.0.1".parse().unwrap();
+        let bytes = std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../wire/tests/data/rc_write.pcap"),
+        )
+        .unwrap();
+        let mut write = None;
+        let mut ack = None;
+        for rec in wire::pcap::PcapReader::new(&bytes).unwrap() {
+            let f = wire::frame::parse(rec.unwrap().data).unwrap();
+            let p = PacketRepr::parse(f.udp_payload).unwrap();
+            if p.reth.is_some() && write.is_none() {
+                write = Some(f.udp_payload.to_vec());
+            }
+            if p.bth.opcode == wire::Opcode::RC_ACKNOWLEDGE && ack.is_none() {
+                ack = Some(f.udp_payload.to_vec());
+            }
+        }
+        let (write, ack) = (write.unwrap(), ack.unwrap());
+        let plain = describe(&write, src, Ecn::NotEct, true).unwrap();
+        assert!(!plain.contains("CE") && !plain.contains("ECN"), "{plain}");
+        let ce = describe(&write, src, Ecn::Ce, true).unwrap();
+        assert!(ce.starts_with(&plain), "{ce}");
+        assert!(
+            ce.contains("marked CE (congestion experienced)") && ce.contains("answers with a CNP"),
+            "{ce}"
+        );
+        let ect = describe(&write, src, Ecn::Ect0, true).unwrap();
+        assert!(ect.contains("ECN-capable (ECT(0))"), "{ect}");
+        let a = describe(&ack, src, Ecn::Ce, true).unwrap();
+        assert!(a.contains("marked CE") && a.contains("sends no CNP"), "{a}");
+        assert!(describe(&write, src, Ecn::Ce, false)
+            .unwrap()
+            .ends_with(" ecn CE"));
     }
 }

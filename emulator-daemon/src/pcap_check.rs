@@ -1,12 +1,17 @@
 //! `rxe-emu pcap check`: decode any RoCEv2 capture and verify every ICRC.
 //! Wireshark shows the ICRC field; it does not check it.
+//!
+//! Congestion control is understood too: RoCEv2 CNPs (opcode 0x81, which
+//! kernel rxe's table lacks) are decoded and their ICRC checked like any
+//! packet's, and the IP ECN codepoint of every packet is counted (the
+//! ICRC masks it, so a CE mark does not make a packet bad).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use wire::frame;
 use wire::pcap::PcapReader;
-use wire::PacketRepr;
+use wire::{Ecn, PacketRepr};
 
 /// pcap link types we read besides Ethernet.
 const LINKTYPE_RAW: u32 = 101;
@@ -26,8 +31,14 @@ pub struct Report {
     pub truncated: usize,
     /// Record number (from 1) and what is wrong, for each bad packet.
     pub bad: Vec<(usize, String)>,
-    /// Packets per opcode name.
+    /// Packets per opcode name (`CNP` for congestion notifications).
     pub opcodes: BTreeMap<&'static str, usize>,
+    /// RoCEv2 packets per IP ECN codepoint, indexed by its 2-bit value:
+    /// Not-ECT, ECT(1), ECT(0), CE.
+    pub ecn: [usize; 4],
+    /// CE-marked packets that are not acknowledgements or CNPs: those a
+    /// ConnectX-like receiver answers with a CNP.
+    pub ce_data: usize,
 }
 
 impl Report {
@@ -48,6 +59,15 @@ impl Report {
         );
         for (op, n) in &self.opcodes {
             let _ = writeln!(s, "  {op:<40} {n}");
+        }
+        if self.ecn[0] != self.roce {
+            let [not_ect, ect1, ect0, ce] = self.ecn;
+            let _ = writeln!(
+                s,
+                "  ECN: {not_ect} Not-ECT, {ect0} ECT(0), {ect1} ECT(1), {ce} CE \
+                 ({} CE-marked data packets)",
+                self.ce_data
+            );
         }
         for (i, why) in self.bad.iter().take(20) {
             let _ = writeln!(s, "  record {i}: {why}");
@@ -124,13 +144,37 @@ pub fn check(bytes: &[u8]) -> Result<Report, String> {
             r.truncated += 1;
             continue;
         }
-        match PacketRepr::parse(f.udp_payload) {
-            Ok(p) => *r.opcodes.entry(p.bth.opcode.name()).or_default() += 1,
+        let ecn = f.ecn();
+        r.ecn[usize::from(ecn.bits())] += 1;
+        let name = match PacketRepr::parse(f.udp_payload) {
+            Ok(p) => {
+                let ack = p.aeth.is_some()
+                    && !p
+                        .bth
+                        .opcode
+                        .info()
+                        .is_some_and(|i| i.flags.contains(wire::OpFlags::READ));
+                if ecn == Ecn::Ce && !ack {
+                    r.ce_data += 1;
+                }
+                p.bth.opcode.name()
+            }
+            Err(wire::Error::UnknownOpcode(0x81)) => {
+                match wire::cnp::CnpRepr::parse(f.udp_payload) {
+                    Ok(_) => wire::Opcode::CNP.name(),
+                    Err(e) => {
+                        r.bad
+                            .push((n, format!("a malformed CNP (opcode 0x81): {e}")));
+                        continue;
+                    }
+                }
+            }
             Err(e) => {
                 r.bad.push((n, format!("does not parse as RoCEv2: {e}")));
                 continue;
             }
-        }
+        };
+        *r.opcodes.entry(name).or_default() += 1;
         if wire::icrc::check(&f.info, f.udp_payload) {
             r.icrc_ok += 1;
         } else {
@@ -149,4 +193,100 @@ pub fn check(bytes: &[u8]) -> Result<Report, String> {
         }
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::icrc::IpUdpInfo;
+    use wire::pcap::PcapWriter;
+
+    fn info(src: &str, dst: &str, src_port: u16) -> IpUdpInfo {
+        IpUdpInfo {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            src_port,
+            dst_port: wire::ROCEV2_UDP_PORT,
+            ipv4_id: 0,
+            ipv4_flags_frag: 0x4000,
+        }
+    }
+
+    /// A capture of what a congested ConnectX-like exchange looks like:
+    /// ECT(0) and ECT(1) SENDs, one marked CE on the way (TOS rewritten as
+    /// a switch does), its CNP back, and a CE-marked ACK.
+    fn congested_capture(break_cnp: bool) -> Vec<u8> {
+        let a_to_b = info("10.0.0.1", "10.0.0.2", 0xc011);
+        let b_to_a = info("10.0.0.2", "10.0.0.1", 0xc022);
+        let send = |psn: u8| {
+            // RC SEND_ONLY to QP 0x12 with AckReq, 4 bytes of payload.
+            let mut b = vec![
+                0x04, 0x00, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, psn, 1, 2, 3, 4, 0, 0, 0, 0,
+            ];
+            wire::icrc::write(&a_to_b, &mut b);
+            b
+        };
+        let mut ack = vec![
+            0x11, 0x00, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 3, 0x1f, 0, 0, 1, 0, 0, 0, 0,
+        ];
+        wire::icrc::write(&b_to_a, &mut ack);
+        let mut cnp = vec![0u8; 32];
+        wire::cnp::CnpRepr::new(0x11).emit(&mut cnp).unwrap();
+        wire::icrc::write(&b_to_a, &mut cnp);
+        if break_cnp {
+            cnp.push(0); // 33 bytes: not a CNP (the ICRC is then wrong too)
+        }
+        let mut out = Vec::new();
+        let mut w = PcapWriter::new(&mut out).unwrap();
+        let frames = [
+            wire::frame::build_ecn(&a_to_b, Ecn::Ect0, &send(1)),
+            wire::frame::build_ecn(&a_to_b, Ecn::Ect1, &send(2)),
+            wire::frame::build_ecn(&a_to_b, Ecn::Ce, &send(3)),
+            wire::frame::build_with_tos(&b_to_a, Ecn::NotEct.tos(48), &cnp),
+            wire::frame::build_ecn(&b_to_a, Ecn::Ce, &ack),
+        ];
+        for (i, f) in frames.iter().enumerate() {
+            w.write_frame(i as u64 * 1000, f).unwrap();
+        }
+        w.flush().unwrap();
+        out
+    }
+
+    #[test]
+    fn cnps_and_ecn_marks_check_clean() {
+        let r = check(&congested_capture(false)).unwrap();
+        assert!(r.passed(), "{}", r.render());
+        assert_eq!((r.roce, r.icrc_ok), (5, 5));
+        assert_eq!(r.opcodes.get("CNP"), Some(&1));
+        assert_eq!(r.opcodes.get("RC_SEND_ONLY"), Some(&3));
+        assert_eq!(r.ecn, [1, 1, 1, 2], "Not-ECT, ECT(1), ECT(0), CE");
+        assert_eq!(r.ce_data, 1, "the marked SEND, not the marked ACK");
+        let text = r.render();
+        assert!(
+            text.contains("CNP") && text.contains("1 Not-ECT, 1 ECT(0), 1 ECT(1), 2 CE"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_bad_cnp_is_reported() {
+        let mut bytes = congested_capture(false);
+        // Corrupt the CNP's DestQP: its ICRC no longer matches.
+        let clean = check(&bytes).unwrap();
+        assert!(clean.passed());
+        let at = find(&bytes, &[0x81, 0x00, 0xff, 0xff, 0x40, 0, 0, 0x11]) + 7;
+        bytes[at] ^= 0x01;
+        let r = check(&bytes).unwrap();
+        assert_eq!(r.bad.len(), 1, "{}", r.render());
+        assert!(r.bad[0].1.contains("bad ICRC"), "{:?}", r.bad);
+        assert_eq!(r.bad[0].0, 4);
+        // A CNP of the wrong length does not parse.
+        let r = check(&congested_capture(true)).unwrap();
+        assert_eq!(r.bad.len(), 1, "{}", r.render());
+        assert!(r.bad[0].1.contains("a malformed CNP"), "{:?}", r.bad);
+    }
+
+    fn find(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len()).position(|w| w == needle).unwrap()
+    }
 }

@@ -7,7 +7,6 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use wire::icrc::IpUdpInfo;
-use wire::PacketRepr;
 
 /// What to show.
 #[derive(Debug, Clone, Default)]
@@ -94,9 +93,15 @@ pub fn run(
                 if dir == "r" && src == addr {
                     continue;
                 }
-                let text = match PacketRepr::parse(&payload) {
-                    Ok(p) if opts.explain => crate::explain::explain(&p),
-                    Ok(p) => crate::explain::terse(&p),
+                // The processes report the UDP payload only: the IP ECN
+                // codepoint is not known here.
+                let text = match crate::explain::describe(
+                    &payload,
+                    src,
+                    wire::Ecn::NotEct,
+                    opts.explain,
+                ) {
+                    Ok(t) => t,
                     Err(e) => format!("malformed ({e}), {} bytes", payload.len()),
                 };
                 let arrow = if dir == "t" { "sent" } else { "recv" };

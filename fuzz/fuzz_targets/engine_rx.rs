@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
         pkt.extend_from_slice(&[0; 4]);
         wire::icrc::write(&info, &mut pkt);
     }
-    let dg = RxDatagram { src: src_ip, dst: dst_ip, src_port: 49152, dst_port: 4791, ipv4_id: if mode & 8 != 0 { None } else { Some(0) }, payload: &pkt };
+    let dg = RxDatagram { src: src_ip, dst: dst_ip, src_port: 49152, dst_port: 4791, ipv4_id: if mode & 8 != 0 { None } else { Some(0) }, payload: &pkt, ecn: rxe_core::Ecn::NotEct };
     let now = n.now();
     n.node(dst_node).handle_datagram(now, &dg);
     let limit = n.now() + Duration::from_secs(10);

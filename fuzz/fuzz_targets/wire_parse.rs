@@ -13,6 +13,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again.payload, p.payload);
     }
     let _ = wire::frame::parse(data);
+    if let Ok(c) = wire::cnp::CnpRepr::parse(data) {
+        let mut buf = [0u8; 32];
+        c.emit(&mut buf).expect("a parsed CNP must emit");
+        assert_eq!(wire::cnp::CnpRepr::parse(&buf), Ok(c));
+    }
     if let Ok(m) = wire::cm::CmMad::parse(data) {
         let again = wire::cm::CmMad::parse(&m.to_bytes()).expect("an emitted CM MAD must parse");
         assert_eq!(again, m);

@@ -58,6 +58,21 @@ pub struct Counters {
     pub retrans_timeouts: u64,
     /// Requests dropped because too many waited behind a READ reply.
     pub resp_deferred_drops: u64,
+    // Congestion control, named as mlx5 names them (`hw_counters`,
+    // QUERY_CONG_STATISTICS); all 0 on a kernel-rxe-like device except
+    // `rp_cnp_ignored`:
+    /// CE-marked data packets received (ConnectX-like device; not
+    /// acknowledgements or CNPs).
+    pub np_ecn_marked_roce_packets: u64,
+    /// CNPs sent (ConnectX-like device).
+    pub np_cnp_sent: u64,
+    /// CNPs that reached a QP and drove its DCQCN (ConnectX-like device).
+    pub rp_cnp_handled: u64,
+    /// CNPs received and dropped: every CNP on a kernel-rxe-like device
+    /// (kernel rxe drops opcode 0x81 and counts nothing), and on a
+    /// ConnectX-like one a CNP for no QP, a QP that does not send, or from
+    /// an address that is not the QP's peer.
+    pub rp_cnp_ignored: u64,
 }
 
 impl Counters {
@@ -89,6 +104,13 @@ impl Counters {
             ("cq_overflow", self.cq_overflow),
             ("retrans_timeouts", self.retrans_timeouts),
             ("resp_deferred_drops", self.resp_deferred_drops),
+            (
+                "np_ecn_marked_roce_packets",
+                self.np_ecn_marked_roce_packets,
+            ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_handled", self.rp_cnp_handled),
+            ("rp_cnp_ignored", self.rp_cnp_ignored),
         ]
         .into_iter()
     }

@@ -45,6 +45,9 @@ pub struct EngineConfig {
     /// moves it on each time a slot changes owner, so a late packet for
     /// the previous owner's QP finds no QP of the new one.
     pub qpn_first: Option<u32>,
+    /// Congestion control: kernel rxe's none (the default) or ConnectX's
+    /// ECN/CNP/DCQCN, with its parameters (`crate::cc`).
+    pub cc: crate::cc::CcConfig,
 }
 
 impl EngineConfig {
@@ -59,6 +62,7 @@ impl EngineConfig {
             key_seed: 0x5eed,
             key_space: crate::mr::KeySpace::default(),
             qpn_first: None,
+            cc: crate::cc::CcConfig::default(),
         }
     }
 }
@@ -144,6 +148,11 @@ pub struct RxDatagram<'a> {
     pub ipv4_id: Option<u16>,
     /// UDP payload: BTH .. ICRC.
     pub payload: &'a [u8],
+    /// The IP header's ECN codepoint (low 2 bits of the IPv4 TOS or IPv6
+    /// traffic class), if the driver knows it (`IP_RECVTOS`); `NotEct`
+    /// otherwise. A ConnectX-like device answers `Ce` on a data packet
+    /// with a CNP; a kernel-rxe-like one ignores it.
+    pub ecn: wire::Ecn,
 }
 
 /// A datagram for the driver to send.
@@ -154,6 +163,13 @@ pub struct Transmit {
     pub info: IpUdpInfo,
     /// UDP payload including the ICRC.
     pub payload: Vec<u8>,
+    /// ECN codepoint for the IP header: `NotEct` from a kernel-rxe-like
+    /// device (TOS 0, what kernel rxe sends), `Ect0` on a ConnectX-like
+    /// device's packets.
+    pub ecn: wire::Ecn,
+    /// DSCP for the IP header (the TOS byte is `dscp << 2 | ecn`): 0,
+    /// except on CNPs (`cnp_dscp`, 48 by default).
+    pub dscp: u8,
 }
 
 #[derive(Debug)]
@@ -384,6 +400,38 @@ impl<M: Memory> Engine<M> {
     /// Protocol counters.
     pub fn counters(&self) -> &Counters {
         &self.ctx.counters
+    }
+
+    /// The congestion-control model and parameters.
+    pub fn cc_config(&self) -> &crate::cc::CcConfig {
+        &self.ctx.cfg.cc
+    }
+
+    /// Choose the congestion-control model. QPs keep their DCQCN state;
+    /// what changes is how packets are sent and received from now on.
+    pub fn set_cc_model(&mut self, model: crate::cc::CcModel) {
+        self.ctx.cfg.cc.model = model;
+    }
+
+    /// Set one congestion-control parameter by its mlx5 name (e.g.
+    /// `set_cc_param("rpg_ai_rate", 5)`); see `CcParams::specs` for the
+    /// names, defaults and ranges. Takes effect at the next event of each
+    /// QP.
+    pub fn set_cc_param(
+        &mut self,
+        name: &str,
+        value: u64,
+    ) -> std::result::Result<(), crate::cc::CcParamError> {
+        self.ctx.cfg.cc.params.set(name, value)
+    }
+
+    /// A QP's congestion state: its current and target rate, DCQCN's α
+    /// and stages, and whether the pacer holds it back. `None` for an
+    /// unknown QP.
+    pub fn qp_cc(&self, qpn: u32) -> Option<crate::cc::QpCcState> {
+        self.qps
+            .get(&qpn)
+            .map(|q| q.cc.state(&self.ctx.cfg.cc.params))
     }
 
     fn handle(&mut self) -> u32 {
@@ -1716,6 +1764,7 @@ impl<M: Memory> Engine<M> {
         for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 crate::comp::on_timeout(qp, &mut self.ctx, now);
+                crate::cc::on_timeout(qp, &mut self.ctx, now);
             }
             self.reindex(qpn);
         }
@@ -1723,12 +1772,7 @@ impl<M: Memory> Engine<M> {
 
     /// Bring QP `qpn`'s entry of the timer index up to date.
     pub(crate) fn reindex(&mut self, qpn: u32) {
-        let new = self.qps.get(&qpn).and_then(|q| {
-            [q.retrans_deadline, q.rnr_deadline]
-                .into_iter()
-                .flatten()
-                .min()
-        });
+        let new = self.qps.get(&qpn).and_then(Qp::next_deadline);
         let old = self.qps.get(&qpn).and_then(|q| q.timer_key);
         if old == new {
             return;
@@ -1750,13 +1794,7 @@ impl<M: Memory> Engine<M> {
         let want: std::collections::BTreeSet<(Instant, u32)> = self
             .qps
             .iter()
-            .filter_map(|(n, q)| {
-                [q.retrans_deadline, q.rnr_deadline]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .map(|t| (t, *n))
-            })
+            .filter_map(|(n, q)| q.next_deadline().map(|t| (t, *n)))
             .collect();
         want == self.timers
     }

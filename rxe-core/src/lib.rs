@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod caps;
+pub mod cc;
 mod comp;
 mod counters;
 mod cq;
@@ -46,6 +47,7 @@ mod tx;
 pub mod wr;
 
 pub use caps::{DeviceCaps, Mtu};
+pub use cc::{CcConfig, CcModel, CcParamError, CcParams, QpCcState};
 pub use counters::Counters;
 pub use engine::{
     derived_link_local, gid_table, gid_to_ip, ip_to_gid, AhAttrs, Engine, EngineConfig, QpInitAttr,
@@ -55,6 +57,8 @@ pub use error::{Error, Result};
 pub use mr::{AccessFlags, KeySpace, MwType};
 pub use qp_attr::{AhAttr, MigState, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 pub use time::Instant;
+/// The IP ECN codepoint of a datagram ([`RxDatagram::ecn`], [`Transmit::ecn`]).
+pub use wire::Ecn;
 pub use wr::{
     MwBindInfo, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
     WorkCompletion,

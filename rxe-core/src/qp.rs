@@ -185,6 +185,8 @@ pub(crate) struct Qp {
     pub timer_key: Option<Instant>,
     /// RTS->SQD requested: finish the message in progress, start no new WQE.
     pub sq_draining: bool,
+    /// Congestion control: DCQCN state, pacer, last CNP sent.
+    pub cc: crate::cc::QpCc,
 
     // ---- receive queue and responder ----
     pub rq: VecDeque<RecvWqe>,
@@ -328,6 +330,7 @@ impl Qp {
             rnr_deadline: None,
             timer_key: None,
             sq_draining: false,
+            cc: crate::cc::QpCc::default(),
             rq: VecDeque::new(),
             resp_psn: Psn::new(0),
             msn: 0,
@@ -412,6 +415,16 @@ impl Qp {
         self.comm_est_sent = false;
         self.error_cause = None;
         self.path = None;
+        self.cc = crate::cc::QpCc::default();
+    }
+
+    /// The earliest time the engine must come back to this QP:
+    /// retransmission, RNR, pacing or DCQCN timer.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        [self.retrans_deadline, self.rnr_deadline, self.cc.deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 

@@ -30,6 +30,9 @@ pub(crate) fn handle<M: Memory>(
         ctx.counters.rcvd_icrc_err += 1;
         return None;
     }
+    if wire::cnp::is_cnp(dg.payload) {
+        return crate::cc::on_cnp(eng, now, dg);
+    }
     let pkt = match PacketRepr::parse(dg.payload) {
         Ok(p) => p,
         Err(_) => {
@@ -93,6 +96,9 @@ pub(crate) fn handle<M: Memory>(
     // ICRC: a packet to a QP in ERR, or to no QP, is not "received".
     ctx.counters.rcvd_pkts += 1;
     qp.counters.rcvd_pkts += 1;
+    if dg.ecn == wire::Ecn::Ce && ctx.cfg.cc.model == crate::cc::CcModel::Mlx5Like {
+        crate::cc::notification_point(qp, ctx, now, &pkt, dg);
+    }
     if is_req && (qp.read_reply.is_some() || !qp.deferred.is_empty()) {
         // Requests wait until the READ reply under way is sent.
         crate::resp::defer_request(qp, ctx, dg);

@@ -103,7 +103,15 @@ pub(crate) fn run<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
         if qp.qp_type.is_reliable() && qp.req_psn.diff(qp.comp_psn) >= MAX_UNACKED_PSNS {
             break;
         }
-        if !send_one(qp, ctx, idx, now) {
+        // A ConnectX-like device sends only as fast as the QP's DCQCN
+        // rate allows (crate::cc); the pacer's deadline brings it back.
+        if !crate::cc::may_send(qp, ctx, now) {
+            break;
+        }
+        let queued = ctx.out.len();
+        let ok = send_one(qp, ctx, idx, now);
+        crate::cc::sent(qp, ctx, queued);
+        if !ok {
             complete_from_head(qp, ctx);
             break;
         }

@@ -247,6 +247,7 @@ pub(crate) fn resume_deferred<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
             dst_port: d.dst_port,
             ipv4_id: None,
             payload: &d.payload,
+            ecn: wire::Ecn::NotEct,
         };
         on_request(qp, ctx, &pkt, &dg);
     }

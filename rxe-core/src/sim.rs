@@ -3,6 +3,16 @@
 //!
 //! Everything is driven by one seed, so a failure found by a test can be
 //! replayed exactly. Time is simulated: nothing sleeps.
+//!
+//! For congestion control ([`crate::cc`]) a node's downlink can be a
+//! [`Bottleneck`]: a switch egress queue served at a finite rate that
+//! marks ECN-capable packets CE the way a switch with RED/ECN does (never
+//! below Kmin bytes queued, with a probability rising linearly to Pmax at
+//! Kmax, always above Kmax) and drops only when its buffer is full. Links
+//! can also mark CE with a fixed probability ([`LinkConfig::ce_mark`]),
+//! and each node can have an access link of its own delay
+//! ([`Network::set_node_delay`]). Datagrams carry their ECN codepoint to
+//! the receiving engine.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -68,6 +78,9 @@ pub struct LinkConfig {
     /// sends, so requests reach a responder while its READ reply is still
     /// being built.
     pub tx_burst: usize,
+    /// Probability that an ECN-capable (ECT) datagram is marked CE on the
+    /// way, whatever the queues hold.
+    pub ce_mark: f64,
 }
 
 impl LinkConfig {
@@ -82,6 +95,7 @@ impl LinkConfig {
             reorder_delay: Duration::from_micros(50),
             hide_ipv4_id: false,
             tx_burst: 0,
+            ce_mark: 0.0,
         }
     }
 }
@@ -107,6 +121,69 @@ pub struct LinkStats {
     pub corrupted_masked: u64,
     /// Datagrams to an address no node has.
     pub unroutable: u64,
+    /// ECT datagrams marked CE (by a bottleneck's queue or `ce_mark`).
+    pub ce_marked: u64,
+    /// Datagrams a bottleneck dropped because its buffer was full.
+    pub queue_dropped: u64,
+}
+
+/// A switch egress queue in front of one node (its downlink): FIFO,
+/// served at `rate_mbps`, holding at most `buffer_bytes`. A datagram that
+/// arrives with `q` bytes queued is marked CE, if it is ECN-capable, with
+/// probability 0 for `q <= kmin_bytes`, `pmax · (q − kmin) / (kmax − kmin)`
+/// up to `kmax_bytes`, and 1 above (RED with ECN as DCQCN's switches run
+/// it: NVIDIA DOCA "DCQCN CC Algorithm"; the DCQCN author's simulator
+/// marks every packet above Kmax). Not-ECT datagrams are never marked and
+/// only dropped when the buffer is full (a lossless, PFC-like class would
+/// pause instead; the simulator has no PFC). Sizes count the datagram on
+/// the wire ([`crate::cc::WIRE_OVERHEAD`] + UDP payload).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bottleneck {
+    /// Service rate in Mb/s.
+    pub rate_mbps: u64,
+    /// Buffer in bytes.
+    pub buffer_bytes: u64,
+    /// RED Kmin in bytes.
+    pub kmin_bytes: u64,
+    /// RED Kmax in bytes.
+    pub kmax_bytes: u64,
+    /// RED marking probability at Kmax.
+    pub pmax: f64,
+}
+
+impl Bottleneck {
+    /// The marking probability with `queued` bytes in the queue.
+    pub fn mark_probability(&self, queued: u64) -> f64 {
+        if queued <= self.kmin_bytes {
+            0.0
+        } else if queued <= self.kmax_bytes {
+            let span = self.kmax_bytes.saturating_sub(self.kmin_bytes).max(1) as f64;
+            self.pmax * (queued - self.kmin_bytes) as f64 / span
+        } else {
+            1.0
+        }
+    }
+
+    /// Nanoseconds to serialise `bytes`.
+    fn tx_ns(&self, bytes: u64) -> u64 {
+        (u128::from(bytes) * 8_000 / u128::from(self.rate_mbps.max(1))) as u64
+    }
+}
+
+/// A bottleneck and its queue.
+#[derive(Debug, Clone)]
+struct Queue {
+    cfg: Bottleneck,
+    /// When the last queued byte will have left.
+    busy_until: Instant,
+}
+
+impl Queue {
+    /// Bytes still queued at `now`.
+    fn backlog(&self, now: Instant) -> u64 {
+        let ns = self.busy_until.0.saturating_sub(now.0);
+        (u128::from(ns) * u128::from(self.cfg.rate_mbps) / 8_000) as u64
+    }
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,6 +196,11 @@ struct InFlight {
     dst_ip: IpAddr,
     src_port: u16,
     dst_port: u16,
+    /// The ECN bits of the IP header.
+    ecn: u8,
+    /// Arriving at the bottleneck in front of `dst` (then delivered after
+    /// `rest` more delay), not at `dst` itself.
+    at_queue: Option<Duration>,
 }
 
 /// An observer of every datagram put on a link.
@@ -137,6 +219,10 @@ pub struct Network {
     stats: LinkStats,
     /// Optional observer of every datagram put on the wire (before faults).
     tap: Option<Tap>,
+    /// Bottleneck queues, by the node they feed.
+    queues: HashMap<usize, Queue>,
+    /// Extra one-way delay of each node's access link.
+    node_delay: HashMap<usize, Duration>,
 }
 
 impl Network {
@@ -152,7 +238,33 @@ impl Network {
             link,
             stats: LinkStats::default(),
             tap: None,
+            queues: HashMap::new(),
+            node_delay: HashMap::new(),
         }
+    }
+
+    /// Put a bottleneck queue in front of node `node`: every datagram to
+    /// it waits there (see [`Bottleneck`]). The link's delay is split
+    /// around the queue, half before and half after.
+    pub fn set_bottleneck(&mut self, node: usize, b: Bottleneck) {
+        self.queues.insert(
+            node,
+            Queue {
+                cfg: b,
+                busy_until: Instant::ZERO,
+            },
+        );
+    }
+
+    /// Bytes queued now at the bottleneck in front of `node` (0 without one).
+    pub fn queued_bytes(&self, node: usize) -> u64 {
+        self.queues.get(&node).map_or(0, |q| q.backlog(self.now))
+    }
+
+    /// Give node `node` an access link with `delay` more one-way delay:
+    /// added to every datagram it sends or receives.
+    pub fn set_node_delay(&mut self, node: usize, delay: Duration) {
+        self.node_delay.insert(node, delay);
     }
 
     /// Add an engine; returns its index.
@@ -192,6 +304,7 @@ impl Network {
 
     fn schedule(&mut self, t: Transmit) {
         self.stats.sent += 1;
+        let src_node = self.by_ip.get(&t.info.src).copied();
         if let Some(tap) = self.tap.as_mut() {
             tap(self.now, &t);
         }
@@ -206,7 +319,7 @@ impl Network {
                 self.stats.unroutable += 1;
             }
             for dst in dsts {
-                self.schedule_to(dst, &t);
+                self.schedule_to(src_node, dst, &t);
             }
             return;
         }
@@ -214,11 +327,11 @@ impl Network {
             self.stats.unroutable += 1;
             return;
         };
-        self.schedule_to(dst, &t);
+        self.schedule_to(src_node, dst, &t);
     }
 
     /// Put `t` on the link to node `dst`, through the link's faults.
-    fn schedule_to(&mut self, dst: usize, t: &Transmit) {
+    fn schedule_to(&mut self, src: Option<usize>, dst: usize, t: &Transmit) {
         if self.rng.chance(self.link.loss) {
             self.stats.lost += 1;
             return;
@@ -240,7 +353,25 @@ impl Network {
                     self.stats.corrupted += 1;
                 }
             }
-            let mut at = self.now + self.link.delay;
+            let extra = |n: Option<usize>| {
+                n.and_then(|n| self.node_delay.get(&n).copied())
+                    .unwrap_or_default()
+            };
+            let (before, after) = (extra(src), extra(Some(dst)));
+            let mut ecn = t.ecn;
+            if ecn.is_ect() && self.rng.chance(self.link.ce_mark) {
+                self.stats.ce_marked += 1;
+                ecn = crate::Ecn::Ce;
+            }
+            let (mut at, at_queue) = if self.queues.contains_key(&dst) {
+                let half = self.link.delay / 2;
+                (
+                    self.now + before + half,
+                    Some(self.link.delay - half + after),
+                )
+            } else {
+                (self.now + self.link.delay + before + after, None)
+            };
             if self.rng.chance(self.link.reorder) {
                 self.stats.reordered += 1;
                 let extra = self
@@ -258,6 +389,8 @@ impl Network {
                 dst_ip: t.info.dst,
                 src_port: t.info.src_port,
                 dst_port: t.info.dst_port,
+                ecn: ecn.bits(),
+                at_queue,
             }));
         }
     }
@@ -303,10 +436,14 @@ impl Network {
             (None, Some(_)) => false,
         };
         if deliver {
-            let Some(Reverse(f)) = self.queue.pop() else {
+            let Some(Reverse(mut f)) = self.queue.pop() else {
                 return false;
             };
             self.now = self.now.max(f.at);
+            if let Some(rest) = f.at_queue.take() {
+                self.enqueue(f, rest);
+                return true;
+            }
             self.stats.delivered += 1;
             let dg = RxDatagram {
                 src: f.src,
@@ -319,6 +456,7 @@ impl Network {
                     Some(0)
                 },
                 payload: &f.payload,
+                ecn: crate::Ecn::from_bits(f.ecn),
             };
             let now = self.now;
             self.nodes[f.dst].handle_datagram(now, &dg);
@@ -328,6 +466,34 @@ impl Network {
             self.nodes[i].handle_timeout(now);
         }
         true
+    }
+
+    /// `f` reached the bottleneck in front of its destination: drop it if
+    /// the buffer is full, mark it by RED, and send it on when the queue
+    /// has served everything before it.
+    fn enqueue(&mut self, mut f: InFlight, rest: Duration) {
+        let now = self.now;
+        let Some(q) = self.queues.get_mut(&f.dst) else {
+            return;
+        };
+        let bytes = (f.payload.len() + crate::cc::WIRE_OVERHEAD) as u64;
+        let queued = q.backlog(now);
+        if queued + bytes > q.cfg.buffer_bytes {
+            self.stats.queue_dropped += 1;
+            return;
+        }
+        let p = q.cfg.mark_probability(queued);
+        let start = q.busy_until.max(now);
+        q.busy_until = Instant(start.0 + q.cfg.tx_ns(bytes));
+        let done = q.busy_until;
+        if crate::Ecn::from_bits(f.ecn).is_ect() && self.rng.chance(p) {
+            self.stats.ce_marked += 1;
+            f.ecn = crate::Ecn::Ce.bits();
+        }
+        f.at = done + rest;
+        self.seq += 1;
+        f.seq = self.seq;
+        self.queue.push(Reverse(f));
     }
 
     /// Step until `done` returns true, nothing is left to do, or simulated
@@ -564,5 +730,271 @@ impl Network {
             &a,
             M::STATE | required(QpState::Rtr, QpState::Rts),
         )
+    }
+}
+
+/// Options of a [`Dumbbell`]: `flows` senders, each with one RC QP writing
+/// to its own QP on one receiver, through a [`Bottleneck`] in front of the
+/// receiver.
+#[derive(Debug, Clone)]
+pub struct DumbbellOpts {
+    /// Congestion control of every node.
+    pub cc: crate::cc::CcConfig,
+    /// The receiver's downlink.
+    pub bottleneck: Bottleneck,
+    /// Base link (delay, fixed CE marking...).
+    pub link: LinkConfig,
+    /// Per sender: extra one-way delay of its access link.
+    pub sender_delay: Vec<Duration>,
+    /// Per sender: when it starts writing, and when it stops (`None`: never).
+    pub active: Vec<(Duration, Option<Duration>)>,
+    /// Path MTU.
+    pub mtu: crate::Mtu,
+    /// Bytes per RDMA WRITE.
+    pub msg_len: u32,
+    /// WRITEs each sender keeps posted.
+    pub depth: u32,
+    /// The simulation's seed.
+    pub seed: u64,
+}
+
+/// One flow of a [`Dumbbell`].
+#[derive(Debug, Clone)]
+pub struct Flow {
+    /// The writing QP (the reaction point).
+    pub sender: QpEnd,
+    /// The QP written to (the notification point).
+    pub receiver: QpEnd,
+    lkey: u32,
+    src: u64,
+    rkey: u32,
+    dst: u64,
+    outstanding: u32,
+    next_wr: u64,
+}
+
+/// What the wire showed of one flow, from a tap on every transmit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowTrace {
+    /// UDP payload bytes of the sender's data packets so far.
+    pub data_bytes: u64,
+    /// Data packets sent, and how many were ECN-capable.
+    pub data_packets: u64,
+    /// Of them, ECT(0).
+    pub ect0_packets: u64,
+    /// When each CNP for the sender's QP was sent.
+    pub cnps: Vec<Instant>,
+}
+
+/// A sample of a [`Dumbbell`] run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// When.
+    pub t: Instant,
+    /// Per flow: DCQCN's current rate (the line rate before any CNP, or on
+    /// a kernel-rxe-like device), bits/s.
+    pub rate_bps: Vec<u64>,
+    /// Per flow: data bytes put on the wire since the previous sample, as
+    /// bits/s.
+    pub throughput_bps: Vec<f64>,
+    /// Bytes queued at the bottleneck.
+    pub queued_bytes: u64,
+}
+
+/// A dumbbell testbed for congestion control: senders `10.9.0.1`, `.2`, …
+/// each write to their own QP on receiver `10.9.0.100` through a
+/// bottleneck in front of it. Deterministic from the seed.
+pub struct Dumbbell {
+    /// The network (for counters, statistics and more work).
+    pub net: Network,
+    /// The flows, in sender order.
+    pub flows: Vec<Flow>,
+    opts: DumbbellOpts,
+    trace: std::rc::Rc<std::cell::RefCell<Vec<FlowTrace>>>,
+    receiver: usize,
+}
+
+impl Dumbbell {
+    /// Build the network, connect the flows; nothing is sent yet.
+    pub fn new(opts: DumbbellOpts) -> crate::Result<Dumbbell> {
+        let n_flows = opts.active.len();
+        let mut net = Network::new(opts.seed, opts.link);
+        let mut senders = Vec::new();
+        for i in 0..n_flows {
+            let ip = IpAddr::from([10, 9, 0, 1 + i as u8]);
+            let mut cfg = node_config(ip, opts.seed + i as u64);
+            cfg.cc = opts.cc.clone();
+            senders.push(net.add_node(cfg));
+            if let Some(d) = opts.sender_delay.get(i) {
+                net.set_node_delay(senders[i], *d);
+            }
+        }
+        let mut rcfg = node_config(IpAddr::from([10, 9, 0, 100]), opts.seed + 100);
+        rcfg.cc = opts.cc.clone();
+        let receiver = net.add_node(rcfg);
+        net.set_bottleneck(receiver, opts.bottleneck);
+        let co = ConnectOpts {
+            mtu: opts.mtu,
+            timeout: 14,
+            psn_a: 0,
+            psn_b: 0,
+            ..ConnectOpts::default()
+        };
+        let all = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
+        let mut flows = Vec::new();
+        for &s in &senders {
+            let a = net.create_endpoint(s, crate::QpType::Rc, None, None, opts.depth + 1)?;
+            let b = net.create_endpoint(receiver, crate::QpType::Rc, None, None, 4)?;
+            net.connect(&a, &b, &co)?;
+            let len = opts.msg_len as usize;
+            let src = net.node(s).mem_mut().alloc(len);
+            let lkey = net.node(s).reg_mr(a.pd, src, len as u64, all)?.lkey;
+            let dst = net.node(receiver).mem_mut().alloc(len);
+            let rkey = net.node(receiver).reg_mr(b.pd, dst, len as u64, all)?.rkey;
+            flows.push(Flow {
+                sender: a,
+                receiver: b,
+                lkey,
+                src,
+                rkey,
+                dst,
+                outstanding: 0,
+                next_wr: 0,
+            });
+        }
+        let trace = std::rc::Rc::new(std::cell::RefCell::new(vec![FlowTrace::default(); n_flows]));
+        let tap = trace.clone();
+        let ids: Vec<(IpAddr, u32, u32)> = flows
+            .iter()
+            .map(|f| {
+                (
+                    IpAddr::from([10, 9, 0, 1 + f.sender.node as u8]),
+                    f.receiver.qpn,
+                    f.sender.qpn,
+                )
+            })
+            .collect();
+        net.set_tap(move |now, t| {
+            let Some(&op) = t.payload.first() else {
+                return;
+            };
+            let qpn = wire::bth::Packet::new_checked(&t.payload[..])
+                .map(|b| b.dest_qpn())
+                .unwrap_or(0);
+            let mut tr = tap.borrow_mut();
+            for (i, (ip, rqpn, sqpn)) in ids.iter().enumerate() {
+                if op == wire::Opcode::CNP.0 && qpn == *sqpn && t.info.dst == *ip {
+                    tr[i].cnps.push(now);
+                } else if t.info.src == *ip && qpn == *rqpn {
+                    if let Ok(p) = wire::PacketRepr::parse(&t.payload) {
+                        if !p.payload.is_empty() {
+                            tr[i].data_bytes += p.payload.len() as u64;
+                            tr[i].data_packets += 1;
+                            if t.ecn == crate::Ecn::Ect0 {
+                                tr[i].ect0_packets += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Dumbbell {
+            net,
+            flows,
+            opts,
+            trace,
+            receiver,
+        })
+    }
+
+    /// The receiver's node index.
+    pub fn receiver(&self) -> usize {
+        self.receiver
+    }
+
+    /// What the wire showed of each flow so far.
+    pub fn trace(&self) -> Vec<FlowTrace> {
+        self.trace.borrow().clone()
+    }
+
+    /// Keep each active flow's send queue full: reap completions, post
+    /// WRITEs up to `depth`.
+    fn feed(&mut self) -> crate::Result<()> {
+        let now = self.net.now();
+        for (i, f) in self.flows.iter_mut().enumerate() {
+            let e = self.net.node(f.sender.node);
+            for wc in e.poll_cq(f.sender.send_cq, 64)? {
+                if wc.status != crate::WcStatus::Success {
+                    return Err(crate::Error::Invalid(format!(
+                        "flow {i}: WRITE failed with {}",
+                        wc.status
+                    )));
+                }
+                f.outstanding -= 1;
+            }
+            let (start, stop) = self.opts.active[i];
+            let on = now >= Instant::ZERO + start && stop.is_none_or(|s| now < Instant::ZERO + s);
+            while on && f.outstanding < self.opts.depth {
+                let wr = crate::SendWr::new(
+                    f.next_wr,
+                    crate::SendOp::RdmaWrite {
+                        remote_addr: f.dst,
+                        rkey: f.rkey,
+                    },
+                    vec![crate::Sge {
+                        addr: f.src,
+                        length: self.opts.msg_len,
+                        lkey: f.lkey,
+                    }],
+                );
+                e.post_send(now, f.sender.qpn, wr)?;
+                f.next_wr += 1;
+                f.outstanding += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Run until `until`, feeding the flows and sampling every `every`.
+    pub fn run(&mut self, until: Instant, every: Duration) -> crate::Result<Vec<Sample>> {
+        let mut samples = Vec::new();
+        let mut last = self.trace();
+        let mut t = self.net.now();
+        while t < until {
+            let next = (t + every).min(until);
+            // Feed at least every 10 µs of simulated time, so completions
+            // are reaped and reposted promptly.
+            while self.net.now() < next {
+                self.feed()?;
+                let stop = (self.net.now() + Duration::from_micros(10)).min(next);
+                self.net.run_until(stop, |n| n.now() >= stop);
+                if self.net.now() < stop {
+                    // Nothing left to happen before `stop` (idle flows).
+                    self.net.now = stop;
+                }
+            }
+            let now_tr = self.trace();
+            let secs = (next.0 - t.0) as f64 / 1e9;
+            samples.push(Sample {
+                t: next,
+                rate_bps: self
+                    .flows
+                    .iter()
+                    .map(|f| {
+                        let e = &self.net.nodes()[f.sender.node];
+                        e.qp_cc(f.sender.qpn).map_or(0, |s| s.current_rate_bps)
+                    })
+                    .collect(),
+                throughput_bps: now_tr
+                    .iter()
+                    .zip(&last)
+                    .map(|(a, b)| (a.data_bytes - b.data_bytes) as f64 * 8.0 / secs)
+                    .collect(),
+                queued_bytes: self.net.queued_bytes(self.receiver),
+            });
+            last = now_tr;
+            t = next;
+        }
+        Ok(samples)
     }
 }

@@ -142,7 +142,22 @@ pub(crate) fn emit<M, E>(
     };
     wire::icrc::write(&info, &mut buf);
     ctx.counters.sent_pkts += 1;
-    ctx.out.push_back(Transmit { info, payload: buf });
+    // A ConnectX-like device marks its packets ECN-capable: ECT(0), the
+    // codepoint of the ToS 106 (DSCP 26 | ECT(0)) that public mlx5 setups
+    // configure. Whether ConnectX firmware itself sets ECT when ECN is on,
+    // and which ECT, is unconfirmed (nothing suggests ECT(1)). Every
+    // packet of the QP gets it, acknowledgements too, as the QP's traffic
+    // class applies to all of them. Kernel rxe: Not-ECT (TOS 0).
+    let ecn = match ctx.cfg.cc.model {
+        crate::cc::CcModel::RxeLike => wire::Ecn::NotEct,
+        crate::cc::CcModel::Mlx5Like => wire::Ecn::Ect0,
+    };
+    ctx.out.push_back(Transmit {
+        info,
+        payload: buf,
+        ecn,
+        dscp: 0,
+    });
     Ok(())
 }
 

@@ -399,6 +399,7 @@ fn duplicate_is_acknowledged_again_not_written_again() {
             dst_port: req.info.dst_port,
             ipv4_id: Some(req.info.ipv4_id),
             payload: &req.payload,
+            ecn: rxe_core::Ecn::NotEct,
         },
     );
     assert_eq!(n.nodes()[1].counters().duplicate_request, dups + 1);

@@ -1772,6 +1772,7 @@ fn inject(n: &mut Network, node: usize, src: &str, dst: &str, repr: &wire::Packe
             dst_port: info.dst_port,
             ipv4_id: Some(0),
             payload: &buf,
+            ecn: rxe_core::Ecn::NotEct,
         },
     );
 }

@@ -295,6 +295,7 @@ fn replay(name: &str) -> usize {
                 dst_port: p.info.dst_port,
                 ipv4_id: Some(p.info.ipv4_id),
                 payload: &udp,
+                ecn: rxe_core::Ecn::NotEct,
             };
             e.handle_datagram(now, &dg);
             // Receives consumed so far.

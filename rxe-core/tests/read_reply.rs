@@ -60,6 +60,7 @@ fn deliver(n: &mut Network, to: usize, ts: &[Transmit]) {
             dst_port: t.info.dst_port,
             ipv4_id: Some(0),
             payload: &t.payload,
+            ecn: rxe_core::Ecn::NotEct,
         };
         let now = n.now();
         n.node(to).handle_datagram(now, &dg);

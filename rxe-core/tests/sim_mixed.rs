@@ -85,6 +85,7 @@ fn run_seed(seed: u64) -> Result<String, String> {
         } else {
             0
         },
+        ce_mark: 0.0,
     };
     let mtu = [Mtu::M256, Mtu::M512, Mtu::M1024, Mtu::M2048, Mtu::M4096][rng.below(5) as usize];
     let m = mtu.bytes() as usize;

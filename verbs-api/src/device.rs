@@ -964,6 +964,7 @@ impl Inner {
                 dst_port: wire::ROCEV2_UDP_PORT,
                 ipv4_id: None,
                 payload: &buf[..n],
+                ecn: rxe_core::Ecn::NotEct,
             };
             if dst == self.cfg.addr {
                 self.udp_seen

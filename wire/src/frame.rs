@@ -7,6 +7,11 @@
 //! byte (the capture tests check it on every reference packet): version 4,
 //! IHL 5, TOS 0, DF, TTL 64, the ID given, a correct header checksum, and
 //! UDP checksum 0, which kernel rxe always sends over IPv4.
+//!
+//! [`build_with_tos`] and [`build_ecn`] put another TOS (IPv4) or traffic
+//! class (IPv6) byte in the frame, e.g. an ECN codepoint ([`crate::Ecn`])
+//! for congestion control; [`ParsedFrame::tos`] reads it back. The ICRC
+//! masks that byte, so it is the same whatever the codepoint.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -72,6 +77,18 @@ fn fold(mut acc: u32) -> u16 {
 /// an IPv4 address then stands for its IPv4-mapped IPv6 form. MACs come
 /// from [`mac_for`].
 pub fn build(info: &IpUdpInfo, udp_payload: &[u8]) -> Vec<u8> {
+    build_with_tos(info, 0, udp_payload)
+}
+
+/// [`build`] with the ECN codepoint `ecn` and DSCP 0 in the TOS / traffic
+/// class; `Ecn::NotEct` gives exactly [`build`]'s bytes.
+pub fn build_ecn(info: &IpUdpInfo, ecn: crate::Ecn, udp_payload: &[u8]) -> Vec<u8> {
+    build_with_tos(info, ecn.tos(0), udp_payload)
+}
+
+/// [`build`] with `tos` (DSCP << 2 | ECN) as the IPv4 TOS byte or the IPv6
+/// traffic class; `tos` 0 gives exactly [`build`]'s bytes.
+pub fn build_with_tos(info: &IpUdpInfo, tos: u8, udp_payload: &[u8]) -> Vec<u8> {
     let udp_len = 8 + udp_payload.len();
     let mut frame = Vec::with_capacity(ETHERNET_LEN + 40 + udp_len);
     frame.extend_from_slice(&mac_for(info.dst));
@@ -87,6 +104,7 @@ pub fn build(info: &IpUdpInfo, udp_payload: &[u8]) -> Vec<u8> {
             frame.extend_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
             let mut ip = [0u8; 20];
             ip[0] = 0x45;
+            ip[1] = tos;
             ip[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
             ip[4..6].copy_from_slice(&info.ipv4_id.to_be_bytes());
             ip[6..8].copy_from_slice(&info.ipv4_flags_frag.to_be_bytes());
@@ -106,7 +124,9 @@ pub fn build(info: &IpUdpInfo, udp_payload: &[u8]) -> Vec<u8> {
             let (src, dst) = (v6(src), v6(dst));
             frame.extend_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
             let mut ip = [0u8; 40];
-            ip[0] = 0x60;
+            // Version 6, traffic class across the two nibbles, flow label 0.
+            ip[0] = 0x60 | (tos >> 4);
+            ip[1] = tos << 4;
             ip[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
             ip[6] = IPPROTO_UDP;
             ip[7] = DEFAULT_TTL;
@@ -141,6 +161,20 @@ pub struct ParsedFrame<'a> {
     pub udp_header: &'a [u8],
     /// The UDP payload, by the UDP length (Ethernet padding excluded).
     pub udp_payload: &'a [u8],
+    /// The IPv4 TOS byte or the IPv6 traffic class: DSCP << 2 | ECN.
+    pub tos: u8,
+}
+
+impl ParsedFrame<'_> {
+    /// The ECN codepoint of the IP header.
+    pub fn ecn(&self) -> crate::Ecn {
+        crate::Ecn::from_tos(self.tos)
+    }
+
+    /// The DSCP (the 6 bits above the ECN field).
+    pub fn dscp(&self) -> u8 {
+        self.tos >> 2
+    }
 }
 
 /// A big-endian u16 at `at`, or `Truncated`.
@@ -166,7 +200,7 @@ pub fn parse(frame: &[u8]) -> Result<ParsedFrame<'_>> {
         ip_at += 4;
     }
     let packet = frame.get(ip_at..).ok_or(Error::Truncated)?;
-    let (info, ip_len, ip_end) = match ethertype {
+    let (info, ip_len, ip_end, tos) = match ethertype {
         ETHERTYPE_IPV4 => {
             let h: &[u8; 20] = packet
                 .get(..20)
@@ -192,7 +226,7 @@ pub fn parse(frame: &[u8]) -> Result<ParsedFrame<'_>> {
                 ipv4_id: u16::from_be_bytes([h[4], h[5]]),
                 ipv4_flags_frag: flags_frag,
             };
-            (info, ihl, total)
+            (info, ihl, total, h[1])
         }
         ETHERTYPE_IPV6 => {
             let h: &[u8; 40] = packet
@@ -222,7 +256,7 @@ pub fn parse(frame: &[u8]) -> Result<ParsedFrame<'_>> {
                 ipv4_id: 0,
                 ipv4_flags_frag: 0,
             };
-            (info, 40, 40 + payload_len)
+            (info, 40, 40 + payload_len, (h[0] << 4) | (h[1] >> 4))
         }
         _ => return Err(Error::Unsupported),
     };
@@ -243,6 +277,7 @@ pub fn parse(frame: &[u8]) -> Result<ParsedFrame<'_>> {
         ip_header,
         udp_header,
         udp_payload,
+        tos,
     })
 }
 
@@ -316,6 +351,77 @@ mod tests {
                 assert_eq!(fold(acc), 0xffff);
             }
         }
+    }
+
+    #[test]
+    fn ecn_codepoints_in_ipv4_and_ipv6() {
+        use crate::Ecn;
+        let payload = &CAPTURED_ACK[42..];
+        for (s, d) in [("10.77.0.11", "10.77.0.12"), ("fe80::1", "fe80::2")] {
+            let i = info(s, d);
+            let plain = build(&i, payload);
+            // The default stays byte for byte what it was: TOS 0.
+            assert_eq!(build_ecn(&i, Ecn::NotEct, payload), plain);
+            assert_eq!(build_with_tos(&i, 0, payload), plain);
+            assert_eq!(parse(&plain).unwrap().ecn(), Ecn::NotEct);
+            for ecn in [Ecn::Ect1, Ecn::Ect0, Ecn::Ce] {
+                let f = build_ecn(&i, ecn, payload);
+                let p = parse(&f).unwrap();
+                assert_eq!((p.ecn(), p.dscp(), p.tos), (ecn, 0, ecn.bits()));
+                assert_eq!(p.udp_payload, payload);
+                if s.contains('.') {
+                    assert_eq!(f[15], ecn.bits(), "IPv4 TOS byte");
+                    assert_eq!(fold(sum16(&f[14..34], 0)), 0xffff, "IP checksum");
+                } else {
+                    assert_eq!((f[14], f[15]), (0x60, ecn.bits() << 4), "IPv6 TC");
+                }
+            }
+            // DSCP and ECN together, split across IPv6's nibbles.
+            let p = parse(&build_with_tos(&i, Ecn::Ect0.tos(26), payload))
+                .unwrap()
+                .tos;
+            assert_eq!(p, 106);
+        }
+    }
+
+    /// A switch that marks CE rewrites the TOS / traffic class (and the
+    /// IPv4 header checksum) and nothing else; RoCEv2's ICRC masks that
+    /// byte, so the marked packet still verifies at the receiver.
+    #[test]
+    fn ce_marking_keeps_the_icrc() {
+        use crate::icrc::{check, compute_from_headers, stored};
+        use crate::Ecn;
+        // IPv4: the captured ACK, sent ECT(0), then marked on the way.
+        let i = info("10.77.0.11", "10.77.0.12");
+        let roce = &CAPTURED_ACK[42..];
+        let icrc = stored(roce).unwrap();
+        let sent = build_ecn(&i, Ecn::Ect0, roce);
+        let mut marked = sent.clone();
+        marked[15] |= Ecn::Ce.bits();
+        marked[24..26].fill(0);
+        let sum = !fold(sum16(&marked[14..34], 0));
+        marked[24..26].copy_from_slice(&sum.to_be_bytes());
+        let p = parse(&marked).unwrap();
+        assert_eq!(p.ecn(), Ecn::Ce);
+        let body = &p.udp_payload[..p.udp_payload.len() - 4];
+        assert_eq!(
+            compute_from_headers(p.ip_header, p.udp_header, body),
+            Ok(icrc)
+        );
+        assert!(check(&p.info, p.udp_payload));
+        // IPv6: the same with the traffic class.
+        let i6 = info("fe80::1", "fe80::2");
+        let mut pkt = roce.to_vec();
+        crate::icrc::write(&i6, &mut pkt);
+        let mut f = build_ecn(&i6, Ecn::Ect0, &pkt);
+        f[15] |= Ecn::Ce.bits() << 4;
+        let p = parse(&f).unwrap();
+        assert_eq!(p.ecn(), Ecn::Ce);
+        let body = &p.udp_payload[..p.udp_payload.len() - 4];
+        assert_eq!(
+            compute_from_headers(p.ip_header, p.udp_header, body),
+            Ok(stored(&pkt).unwrap())
+        );
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //!   headers, payload, pad and ICRC;
 //! - the invariant CRC ([`icrc`], IBTA Annex A17 / kernel `rxe_icrc.c`),
 //!   including recovery of the IPv4 ID that a UDP socket hides;
+//! - congestion control on the wire: the RoCEv2 CNP (BTH opcode 0x81,
+//!   [`cnp`]), which kernel rxe's table lacks, and the IP ECN codepoints
+//!   ([`ecn`]);
 //! - 24-bit PSN arithmetic ([`psn`]);
 //! - the Management Datagrams that ride on QP1: the MAD common header
 //!   ([`mad`]), the IB Communication Manager messages ([`cm`]: REQ, MRA,
@@ -67,7 +70,9 @@ pub mod atomic;
 pub mod bth;
 pub mod cm;
 pub mod cma;
+pub mod cnp;
 pub mod deth;
+pub mod ecn;
 pub mod feth;
 pub mod frame;
 pub mod icrc;
@@ -82,6 +87,7 @@ pub mod rdeth;
 pub mod reth;
 pub mod xrceth;
 
+pub use ecn::Ecn;
 pub use opcode::{OpFlags, Opcode, OpcodeInfo, Transport};
 pub use packet::PacketRepr;
 pub use psn::Psn;

@@ -325,6 +325,11 @@ opcode_table! {
 }
 
 impl Opcode {
+    /// The RoCEv2 Congestion Notification Packet (IBTA Annex A17; kernel
+    /// `IB_BTH_OPCODE_CNP`). Not in kernel rxe's table, so
+    /// [`Opcode::info`] is `None`: see [`crate::cnp`].
+    pub const CNP: Opcode = Opcode(0x81);
+
     /// The XRC opcode for an RC one (same operation, prefix 101), or
     /// `None` for an RC opcode XRC does not have (FLUSH, ATOMIC WRITE) or
     /// a non-RC opcode.
@@ -360,9 +365,15 @@ impl Opcode {
         }
     }
 
-    /// The table name, e.g. `"RC_SEND_ONLY"`, or `"UNKNOWN"`.
+    /// The table name, e.g. `"RC_SEND_ONLY"`; `"CNP"` for the RoCEv2
+    /// CNP, which is not in the table ([`crate::cnp`]); `"UNKNOWN"` for
+    /// anything else the table lacks.
     pub fn name(self) -> &'static str {
-        self.info().map_or("UNKNOWN", |i| i.name)
+        match self.info() {
+            Some(i) => i.name,
+            None if self == Opcode::CNP => "CNP",
+            None => "UNKNOWN",
+        }
     }
 
     /// Every opcode in the table, in ascending order.
@@ -462,10 +473,13 @@ mod tests {
             assert_eq!(info.hdr_len, len, "{}", info.name);
             assert_eq!(info.offset_of(OpFlags::PAYLOAD).unwrap_or(len), len);
         }
-        for op in [0x15, 0x18, 0x1b, 0x1e, 0x2c, 0x55, 0x63, 0x66, 0x81, 0xff] {
+        for op in [0x15, 0x18, 0x1b, 0x1e, 0x2c, 0x55, 0x63, 0x66, 0x80, 0xff] {
             assert!(Opcode(op).info().is_none(), "{op:#x}");
             assert_eq!(Opcode(op).name(), "UNKNOWN");
         }
+        // The RoCEv2 CNP has a name but no table entry (kernel rxe drops it).
+        assert!(Opcode::CNP.info().is_none());
+        assert_eq!(Opcode::CNP.name(), "CNP");
     }
 
     /// Each XRC opcode is its RC twin plus a 4-byte XRCETH on requests

@@ -238,6 +238,11 @@ proptest! {
             reemit_same_meaning(&p)?;
         }
         let _ = frame::parse(&bytes);
+        if let Ok(c) = wire::cnp::CnpRepr::parse(&bytes) {
+            let mut out = [0u8; 32];
+            c.emit(&mut out).unwrap();
+            prop_assert_eq!(wire::cnp::CnpRepr::parse(&out), Ok(c));
+        }
         if let Ok(r) = pcap::PcapReader::new(&bytes) {
             for rec in r.take(64) {
                 let _ = rec;
@@ -283,9 +288,11 @@ proptest! {
         payload in prop::collection::vec(any::<u8>(), 0..200),
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
         cut in any::<prop::sample::Index>(),
-        vlan: bool)
+        vlan: bool,
+        tos: u8)
     {
-        let mut f = frame::build(&info, &payload);
+        let mut f = frame::build_with_tos(&info, tos, &payload);
+        prop_assert_eq!(frame::parse(&f).map(|p| p.tos), Ok(tos));
         if vlan {
             f.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
         }
