@@ -33,7 +33,8 @@
 //!   written by the producer) and `head` (u64, 128, by the consumer), both
 //!   byte positions that only grow;
 //! - then the rings' data, `ring size` bytes each, page-aligned: records
-//!   of an 8-byte header (u32 length, u16 UDP source port, u16 zero) and
+//!   of an 8-byte header (u32 length, u16 UDP source port, u8 IP TOS, u8
+//!   zero) and
 //!   the datagram padded to 8 bytes; a length of `u32::MAX` means "the
 //!   rest of this lap is unused, continue at offset 0".
 
@@ -181,6 +182,8 @@ pub struct Popped {
     pub ring: usize,
     /// The UDP source port the sender gave it (the sender's QP's port).
     pub src_port: u16,
+    /// The IP TOS byte it would have carried (DSCP and ECN).
+    pub tos: u8,
     /// Its length, at the start of the caller's buffer.
     pub len: usize,
 }
@@ -259,8 +262,14 @@ impl Inbox {
     }
 
     /// Producer (the process in slot `ring`): append a datagram with its
-    /// UDP source port. Call [`Inbox::kick`] after a batch.
-    pub fn push(&self, ring: usize, src_port: u16, datagram: &[u8]) -> Result<(), PushError> {
+    /// UDP source port and IP TOS byte. Call [`Inbox::kick`] after a batch.
+    pub fn push(
+        &self,
+        ring: usize,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+    ) -> Result<(), PushError> {
         if ring >= self.layout.rings || datagram.len() > MAX_DATAGRAM {
             return Err(PushError::Invalid);
         }
@@ -295,6 +304,7 @@ impl Inbox {
         let mut hdr = [0u8; REC];
         hdr[..4].copy_from_slice(&(datagram.len() as u32).to_le_bytes());
         hdr[4..6].copy_from_slice(&src_port.to_le_bytes());
+        hdr[6] = tos;
         self.map.write(base + off, &hdr);
         self.map.write(base + off + REC, datagram);
         self.tail(ring).store(at + need, SeqCst);
@@ -378,6 +388,7 @@ impl Inbox {
             return Some(Popped {
                 ring,
                 src_port,
+                tos: hdr[6],
                 len,
             });
         }

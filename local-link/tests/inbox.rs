@@ -38,13 +38,18 @@ fn datagrams_arrive_whole_in_order_with_their_port_and_ring() {
     assert!(rx.pop(&mut buf).is_none());
     assert!(!rx.has_data());
     for i in 0..10u32 {
-        tx.push(2, 49152 + i as u16, &datagram(i, 13 + i as usize * 7))
-            .unwrap();
+        tx.push(
+            2,
+            49152 + i as u16,
+            i as u8,
+            &datagram(i, 13 + i as usize * 7),
+        )
+        .unwrap();
     }
     assert!(rx.has_data());
     for i in 0..10u32 {
         let p = rx.pop(&mut buf).unwrap();
-        assert_eq!((p.ring, p.src_port), (2, 49152 + i as u16));
+        assert_eq!((p.ring, p.src_port, p.tos), (2, 49152 + i as u16, i as u8));
         assert_eq!(&buf[..p.len], &datagram(i, 13 + i as usize * 7)[..]);
     }
     assert!(rx.pop(&mut buf).is_none());
@@ -56,8 +61,8 @@ fn rings_are_served_in_turn() {
     let f = InboxFile::create("t", 4, RING).unwrap();
     let (a, b, rx) = (open(&f), open(&f), open(&f));
     for i in 0..3 {
-        a.push(1, 1, &datagram(i, 64)).unwrap();
-        b.push(3, 3, &datagram(100 + i, 64)).unwrap();
+        a.push(1, 1, 0, &datagram(i, 64)).unwrap();
+        b.push(3, 3, 0, &datagram(100 + i, 64)).unwrap();
     }
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let rings: Vec<usize> = (0..6).map(|_| rx.pop(&mut buf).unwrap().ring).collect();
@@ -76,7 +81,7 @@ fn a_full_ring_refuses_until_the_consumer_takes_and_laps_wrap_cleanly() {
     let len = |i: u32| 1000 + (i as usize * 37) % 3000;
     let mut fulls = 0;
     while got < 2000 {
-        match tx.push(1, 7, &datagram(sent, len(sent))) {
+        match tx.push(1, 7, 0, &datagram(sent, len(sent))) {
             Ok(()) => sent += 1,
             Err(PushError::Full) => {
                 fulls += 1;
@@ -97,16 +102,16 @@ fn a_full_ring_refuses_until_the_consumer_takes_and_laps_wrap_cleanly() {
 fn a_closed_inbox_refuses_and_oversized_or_unknown_rings_are_invalid() {
     let f = InboxFile::create("t", 2, RING).unwrap();
     let tx = open(&f);
-    assert_eq!(tx.push(2, 1, b"x"), Err(PushError::Invalid));
+    assert_eq!(tx.push(2, 1, 0, b"x"), Err(PushError::Invalid));
     assert_eq!(
-        tx.push(1, 1, &vec![0; MAX_DATAGRAM + 1]),
+        tx.push(1, 1, 0, &vec![0; MAX_DATAGRAM + 1]),
         Err(PushError::Invalid)
     );
-    tx.push(1, 1, &vec![0; MAX_DATAGRAM]).unwrap();
+    tx.push(1, 1, 0, &vec![0; MAX_DATAGRAM]).unwrap();
     assert!(!tx.is_closed());
     f.close();
     assert!(tx.is_closed());
-    assert_eq!(tx.push(1, 1, b"x"), Err(PushError::Closed));
+    assert_eq!(tx.push(1, 1, 0, b"x"), Err(PushError::Closed));
 }
 
 #[test]
@@ -119,8 +124,8 @@ fn words_scribbled_by_another_process_are_counted_and_dropped_not_trusted() {
     let mut buf = vec![0u8; MAX_DATAGRAM];
 
     // A tail beyond a ring's worth past the head.
-    tx.push(0, 1, b"x").unwrap();
-    tx.push(1, 1, b"y").unwrap();
+    tx.push(0, 1, 0, b"x").unwrap();
+    tx.push(1, 1, 0, b"y").unwrap();
     file.write_at(&(RING as u64 * 3).to_le_bytes(), ctrl)
         .unwrap();
     let mut seen = Vec::new();
@@ -132,18 +137,18 @@ fn words_scribbled_by_another_process_are_counted_and_dropped_not_trusted() {
     // The producer of ring 1 sees the inconsistency too.
     file.write_at(&(RING as u64 * 3 - 8).to_le_bytes(), ctrl)
         .unwrap();
-    assert_eq!(tx.push(1, 1, b"z"), Err(PushError::Corrupt));
+    assert_eq!(tx.push(1, 1, 0, b"z"), Err(PushError::Corrupt));
 
     // A record whose length runs past the tail.
     let f = InboxFile::create("t", 2, RING).unwrap();
     let (tx, rx) = (open(&f), open(&f));
     let file = std::fs::File::from(f.memfd().try_clone_to_owned().unwrap());
-    tx.push(1, 1, &[5; 16]).unwrap();
+    tx.push(1, 1, 0, &[5; 16]).unwrap();
     file.write_at(&4000u32.to_le_bytes(), data).unwrap();
     assert!(rx.pop(&mut buf).is_none());
     assert_eq!(rx.take_dropped(), 1);
     // The ring is usable again after the discard.
-    tx.push(1, 1, &[6; 16]).unwrap();
+    tx.push(1, 1, 0, &[6; 16]).unwrap();
     let p = rx.pop(&mut buf).unwrap();
     assert_eq!(&buf[..p.len], &[6; 16]);
 
@@ -168,14 +173,14 @@ fn a_sleeping_consumer_is_kicked_once_and_an_awake_one_never() {
     let (tx, rx) = (open(&f), open(&f));
     let mut ev = std::fs::File::from(f.eventfd().try_clone_to_owned().unwrap());
     let mut b = [0u8; 8];
-    tx.push(1, 1, b"a").unwrap();
+    tx.push(1, 1, 0, b"a").unwrap();
     tx.kick();
     assert!(ev.read(&mut b).is_err(), "awake: no kick");
     assert!(!rx.sleep_begin(), "data waiting: do not sleep");
     let mut buf = vec![0u8; MAX_DATAGRAM];
     rx.pop(&mut buf).unwrap();
     assert!(rx.sleep_begin());
-    tx.push(1, 1, b"b").unwrap();
+    tx.push(1, 1, 0, b"b").unwrap();
     tx.kick();
     tx.kick();
     assert_eq!(ev.read(&mut b).unwrap(), 8);
@@ -193,7 +198,7 @@ fn two_threads_move_a_million_bytes_with_kicks_and_lose_nothing() {
     let producer = std::thread::spawn(move || {
         let mut i = 0;
         while i < n {
-            match tx.push(2, 9, &datagram(i, len(i))) {
+            match tx.push(2, 9, 0, &datagram(i, len(i))) {
                 Ok(()) => {
                     i += 1;
                     tx.kick();

@@ -919,6 +919,7 @@ impl Inner {
                 dst_port: wire::ROCEV2_UDP_PORT,
                 ipv4_id: None,
                 payload: &buf[..p.len],
+                ecn: rxe_core::Ecn::from_tos(p.tos),
             };
             if self.tracing.load(Ordering::Relaxed) {
                 self.trace_packet('r', &rx_info(&dg), dg.payload);

@@ -158,7 +158,9 @@ impl LocalLink {
                 let q = queues.get_mut(&slot).expect("listed");
                 while let Some(t) = q.front() {
                     let r = match &inbox {
-                        Some(i) => i.push(self.slot, t.info.src_port, &t.payload),
+                        Some(i) => {
+                            i.push(self.slot, t.info.src_port, t.ecn.tos(t.dscp), &t.payload)
+                        }
                         None => Err(PushError::Closed),
                     };
                     match r {
@@ -207,7 +209,7 @@ impl LocalLink {
                     out.udp.push(t);
                     break;
                 };
-                match inbox.push(self.slot, t.info.src_port, &t.payload) {
+                match inbox.push(self.slot, t.info.src_port, t.ecn.tos(t.dscp), &t.payload) {
                     Ok(()) => {
                         sent(&t);
                         if !kick.iter().any(|k| Arc::ptr_eq(k, &inbox)) {
