@@ -1,5 +1,5 @@
 //! Turns `exports.txt` into the linker version script (the version nodes
-//! IBVERBS_1.0 ... IBVERBS_1.14 and IBVERBS_PRIVATE_34) and into `.symver`
+//! IBVERBS_1.0 ... IBVERBS_1.18, IBVERBS_PRIVATE_34 and _65) and into `.symver`
 //! directives that give each Rust implementation `rxe_<symbol>` its public
 //! versioned name `<symbol>@@<node>` (see `build_common.rs`), and
 //! `layout.txt` into compile-time layout assertions.

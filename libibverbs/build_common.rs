@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The symbols of one `exports.txt` (`NODE symbol` lines), by version node.
+/// A symbol may be listed under several nodes (rdma-core's providers of
+/// different releases bind `ibv_cmd_*` at `IBVERBS_PRIVATE_34` or at
+/// `IBVERBS_PRIVATE_65`): it is then exported at each, the same function,
+/// and the last node in version order is its default version (`@@`), as
+/// the newest library would define it; the others are `@` versions.
 pub struct Exports {
     /// Version nodes in version order, each with its symbols in file order.
     pub nodes: Vec<(String, Vec<String>)>,
@@ -57,6 +62,22 @@ impl Exports {
         Exports { nodes }
     }
 
+    /// `@@` if `node` is the newest node that lists `sym` (its default
+    /// version), `@` otherwise.
+    fn at(&self, node: &str, sym: &str) -> &'static str {
+        let newest = self
+            .nodes
+            .iter()
+            .rev()
+            .find(|(_, syms)| syms.iter().any(|s| s == sym))
+            .map(|(n, _)| n.as_str());
+        if newest == Some(node) {
+            "@@"
+        } else {
+            "@"
+        }
+    }
+
     /// The linker version script: every node with its symbols, `local: *`
     /// in the first, public nodes chained to the one before.
     pub fn version_script(&self) -> String {
@@ -83,16 +104,18 @@ impl Exports {
     }
 
     /// `.symver` directives (as Rust `global_asm!`) giving each Rust
-    /// implementation `rxe_<symbol>` its public name `<symbol>@@<node>`. A
+    /// implementation `rxe_<symbol>` its public name `<symbol>@@<node>`
+    /// (and `<symbol>@<older node>` for each older node that lists it). A
     /// version script alone would export unversioned symbols, and programs
     /// linked BIND_NOW against rdma-core would not load.
     pub fn symver_asm(&self) -> String {
         let mut asm = String::new();
         for (node, syms) in &self.nodes {
             for sym in syms {
+                let at = self.at(node, sym);
                 writeln!(
                     asm,
-                    "core::arch::global_asm!(\".symver rxe_{sym}, {sym}@@{node}\");"
+                    "core::arch::global_asm!(\".symver rxe_{sym}, {sym}{at}{node}\");"
                 )
                 .unwrap();
             }
@@ -118,10 +141,11 @@ impl Exports {
         let mut n = 0usize;
         for (node, syms) in &self.nodes {
             for sym in syms {
+                let at = self.at(node, sym);
                 writeln!(
                     c,
                     "void rxe_stub_{n}(void) {{ __builtin_trap(); }}\n\
-                     __asm__(\".symver rxe_stub_{n}, {sym}@@{node}\");"
+                     __asm__(\".symver rxe_stub_{n}, {sym}{at}{node}\");"
                 )
                 .unwrap();
                 n += 1;

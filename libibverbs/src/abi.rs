@@ -1,10 +1,19 @@
-//! The C structs of `<infiniband/verbs.h>` (rdma-core v44, x86_64) that
+//! The C structs of `<infiniband/verbs.h>` (rdma-core 65, x86_64) that
 //! programs and our library share, as `#[repr(C)]` Rust structs.
 //!
+//! rdma-core grows structs only compatibly: `ibv_port_attr` (49:
+//! `active_speed_ex`) and `ibv_qp_ex` (45: `wr_flush`) at their end,
+//! `verbs_context` (59, 65: the buffer, DMA-handle and `reg_mr_ex` ops) at
+//! its start, so every field keeps its distance from the `ibv_context` at
+//! its end and `sz` tells a program which fields exist. Our structs have
+//! rdma-core 65's layout, which serves programs built against 44 as well.
+//!
 //! Every size and offset a program can observe is checked at compile time
-//! below against the values measured with Debian 12's headers; the test
-//! `tests/c_layout.rs` compiles a C program against the installed headers
-//! and compares the same numbers again.
+//! below against the values measured with rdma-core 65's headers
+//! (`layout.txt`); `tests/c_layout.rs` compiles a C program against the
+//! installed headers (Debian 12's rdma-core 44) and checks the same
+//! numbers by those rules, and `tests/debian_sid.rs` against Debian sid's
+//! (rdma-core 65), exactly.
 
 #![allow(non_camel_case_types, missing_docs)]
 
@@ -162,8 +171,24 @@ pub type FreeDmFn = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
 pub type RegDmMrFn =
     unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr;
 
+pub type FreeBufFn = unsafe extern "C" fn(*mut ibv_buf);
+pub type AllocBufFn = unsafe extern "C" fn(*mut ibv_pd, usize, *mut *mut ibv_buf) -> *mut c_void;
+pub type DmExportDmabufFdFn = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
+pub type RegMrExFn = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_mr_init_attr) -> *mut ibv_mr;
+pub type DeallocDmahFn = unsafe extern "C" fn(*mut ibv_dmah) -> c_int;
+pub type AllocDmahFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_dmah_init_attr) -> *mut ibv_dmah;
+
 #[repr(C)]
 pub struct verbs_context {
+    // rdma-core 65 (the newest first: the struct grows up).
+    pub free_buf: Option<FreeBufFn>,
+    pub alloc_buf: Option<AllocBufFn>,
+    pub dm_export_dmabuf_fd: Option<DmExportDmabufFdFn>,
+    pub reg_mr_ex: Option<RegMrExFn>,
+    pub dealloc_dmah: Option<DeallocDmahFn>,
+    pub alloc_dmah: Option<AllocDmahFn>,
+    // rdma-core 44.
     pub query_port: Option<QueryPortFn>,
     pub advise_mr: Option<AdviseMrFn>,
     pub alloc_null_mr: Option<AllocNullMrFn>,
@@ -276,6 +301,52 @@ pub struct ibv_alloc_dm_attr {
     pub length: usize,
     pub log_align_req: u32,
     pub comp_mask: u32,
+}
+
+/// `struct ibv_dmah` (rdma-core 65): a DMA handle (TPH steering).
+#[repr(C)]
+pub struct ibv_dmah {
+    pub context: *mut ibv_context,
+}
+
+#[repr(C)]
+pub struct ibv_dmah_init_attr {
+    pub comp_mask: u32,
+    pub cpu_id: u32,
+    pub ph: u8,
+    pub tph_mem_type: u8,
+}
+
+/// `struct ibv_mr_init_attr` (rdma-core 65), for `ibv_reg_mr_ex`.
+#[repr(C)]
+pub struct ibv_mr_init_attr {
+    pub length: usize,
+    pub access: c_int,
+    pub comp_mask: u64,
+    pub iova: u64,
+    pub addr: *mut c_void,
+    pub fd: c_int,
+    pub fd_offset: u64,
+    pub dmah: *mut ibv_dmah,
+    pub buf: *mut ibv_buf,
+}
+
+/// `struct ibv_buf` (rdma-core 65's `driver.h`; opaque to programs): a
+/// buffer `ibv_alloc_buf` allocated.
+#[repr(C)]
+pub struct ibv_buf {
+    pub addr: *mut c_void,
+    pub size: usize,
+    pub pd: *mut ibv_pd,
+    pub dmabuf_fd: c_int,
+}
+
+/// `struct ibv_comp_cntr_caps` (rdma-core 65).
+#[repr(C)]
+pub struct ibv_comp_cntr_caps {
+    pub max_value: u64,
+    pub max_counters: u32,
+    pub supported_qp_attach_ops: u32,
 }
 
 #[repr(C)]
@@ -450,6 +521,8 @@ pub struct ibv_qp_ex {
     pub wr_complete: QpExFn<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
     pub wr_abort: QpExFn<unsafe extern "C" fn(*mut ibv_qp_ex)>,
     pub wr_atomic_write: QpExFn<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
+    /// rdma-core 45.
+    pub wr_flush: QpExFn<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, usize, u8, u8)>,
 }
 
 #[repr(C)]
@@ -851,6 +924,8 @@ pub struct ibv_port_attr {
     pub link_layer: u8,
     pub flags: u8,
     pub port_cap_flags2: u16,
+    /// rdma-core 49.
+    pub active_speed_ex: u32,
 }
 
 #[repr(C)]
@@ -878,10 +953,15 @@ impl Default for ibv_device_attr_ex {
 }
 
 // ---------------------------------------------------------------------------
-// Compile-time checks: every line of `layout.txt` (the numbers of Debian
-// 12's rdma-core v44 headers) is an assertion here.
+// Compile-time checks: every line of `layout.txt` (the numbers of rdma-core
+// 65's headers) is an assertion here.
 
 include!(concat!(env!("OUT_DIR"), "/layout_checks.rs"));
+
+// `struct ibv_buf` is in rdma-core 65's driver.h, not verbs.h.
+const _: () = assert!(std::mem::size_of::<ibv_buf>() == 32);
+const _: () = assert!(std::mem::offset_of!(ibv_buf, pd) == 16);
+const _: () = assert!(std::mem::offset_of!(ibv_buf, dmabuf_fd) == 24);
 
 // libibverbs' private `struct verbs_device` puts the provider ops pointer
 // right after the public `ibv_device`.

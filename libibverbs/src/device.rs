@@ -313,6 +313,7 @@ fn new_context(dev: *mut ibv_device, d: Device, cmd_fd: c_int) -> *mut ibv_conte
     // an all-zero pthread mutex (PTHREAD_MUTEX_INITIALIZER) are valid.
     let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
     crate::objects::fill_ops(&mut vctx);
+    // Every field of rdma-core 65's verbs_context exists (abi.rs).
     vctx.sz = std::mem::size_of::<verbs_context>();
     vctx.context.device = dev;
     vctx.context.cmd_fd = cmd_fd;
@@ -572,12 +573,93 @@ fn port_attr(c: &Ctx) -> ibv_port_attr {
         sm_sl: 0,
         subnet_timeout: 0,
         init_type_reply: 0,
-        active_width: 2,  // IBV_WIDTH_4X, as rxe reports for most netdevs
-        active_speed: 32, // IBV_SPEED_EDR (25 Gb/s lanes)
-        phys_state: 5,    // LinkUp
+        active_width: ACTIVE_WIDTH,
+        active_speed: ACTIVE_SPEED,
+        phys_state: 5, // LinkUp
         link_layer: if p.link_layer_ethernet { 2 } else { 1 },
         flags: 0,
         port_cap_flags2: 0,
+        // uverbs reports the speed here as well (Linux 6.7+).
+        active_speed_ex: ACTIVE_SPEED as u32,
+    }
+}
+
+/// The attributes of port `port` of context `c`, or the errno.
+///
+/// # Safety
+/// `c` must be NULL or a live context.
+unsafe fn port_attr_of(c: *mut ibv_context, port: u32, what: &str) -> Result<ibv_port_attr, c_int> {
+    if c.is_null() {
+        return Err(libc::EINVAL);
+    }
+    if port != 1 {
+        debug(|| format!("{what}: port {port} does not exist (rxe has port 1)"));
+        return Err(libc::EINVAL);
+    }
+    guard(what, Err(libc::EIO), || {
+        // SAFETY: live context.
+        Ok(port_attr(unsafe { ctx(c) }))
+    })
+}
+
+/// `IBV_WIDTH_4X`, as rxe reports for most netdevs.
+const ACTIVE_WIDTH: u8 = 2;
+/// `IBV_SPEED_EDR` (25 Gb/s lanes).
+const ACTIVE_SPEED: u8 = 32;
+
+/// The bandwidth of a port of `width` lanes (`IBV_WIDTH_*`) at `speed`
+/// (`IBV_SPEED_*`, or rdma-core 65's `active_speed_ex`), in units of
+/// 100 Mb/s (`ibv_query_port_speed`'s): lanes times the data rate of one
+/// lane. `None` for a value verbs.h does not define.
+fn port_speed_100mbps(width: u8, speed: u32) -> Option<u64> {
+    let lanes = match width {
+        1 => 1,
+        2 => 4,
+        4 => 8,
+        8 => 12,
+        16 => 2,
+        _ => return None,
+    };
+    // SDR 2.5, DDR 5, QDR 10, FDR10 10, FDR 14, EDR 25, HDR 50, NDR 100,
+    // XDR 200 Gb/s per lane.
+    let lane = match speed {
+        1 => 25,
+        2 => 50,
+        4 | 8 => 100,
+        16 => 140,
+        32 => 250,
+        64 => 500,
+        128 => 1000,
+        256 => 2000,
+        _ => return None,
+    };
+    Some(lanes * lane)
+}
+
+/// `ibv_query_port_speed` (rdma-core 65): the port's bandwidth in units of
+/// 100 Mb/s, from the same width and speed `ibv_query_port` reports (4X
+/// EDR: 1000, 100 Gb/s). Returns 0 or an errno.
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_query_port_speed(
+    c: *mut ibv_context,
+    port: u32,
+    speed: *mut u64,
+) -> c_int {
+    if speed.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: forwarded caller contract.
+    let a = match unsafe { port_attr_of(c, port, "ibv_query_port_speed") } {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    match port_speed_100mbps(a.active_width, a.active_speed_ex) {
+        Some(s) => {
+            // SAFETY: the caller's output.
+            unsafe { *speed = s };
+            0
+        }
+        None => libc::EINVAL,
     }
 }
 
@@ -588,16 +670,15 @@ pub unsafe extern "C" fn query_port(
     attr: *mut ibv_port_attr,
     attr_len: usize,
 ) -> c_int {
-    if c.is_null() || attr.is_null() {
+    if attr.is_null() {
         return libc::EINVAL;
     }
-    if port != 1 {
-        debug(|| format!("ibv_query_port: port {port} does not exist (rxe has port 1)"));
-        return libc::EINVAL;
-    }
+    // SAFETY: forwarded caller contract.
+    let a = match unsafe { port_attr_of(c, port as u32, "ibv_query_port") } {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
     guard("ibv_query_port", libc::EIO, || {
-        // SAFETY: live context.
-        let a = port_attr(unsafe { ctx(c) });
         let n = attr_len.min(std::mem::size_of::<ibv_port_attr>());
         // SAFETY: the caller's struct has attr_len bytes.
         unsafe {
@@ -849,4 +930,17 @@ pub unsafe extern "C" fn rxe_ibv_get_async_event(
 pub unsafe extern "C" fn rxe_ibv_ack_async_event(event: *mut ibv_async_event) {
     // Events are values here; nothing waits for their acknowledgement.
     let _ = event;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn port_speed_is_lanes_times_lane_rate() {
+        use super::port_speed_100mbps as s;
+        assert_eq!(s(2, 32), Some(1000)); // 4X EDR: 100 Gb/s
+        assert_eq!(s(1, 1), Some(25)); // 1X SDR: 2.5 Gb/s
+        assert_eq!(s(8, 256), Some(24000)); // 12X XDR
+        assert_eq!(s(3, 32), None);
+        assert_eq!(s(2, 3), None);
+    }
 }

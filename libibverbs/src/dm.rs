@@ -383,3 +383,16 @@ pub unsafe extern "C" fn reg_dm_mr(
         }
     })
 }
+
+/// `ibv_dm_export_dmabuf_fd` (rdma-core 65): our device memory is a heap
+/// block of this library, not a dma-buf; -1 with EOPNOTSUPP, as rdma-core
+/// answers for a provider without the op (rxe's).
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_dm_export_dmabuf_fd(d: *mut ibv_dm) -> c_int {
+    set_errno(if d.is_null() {
+        libc::EINVAL
+    } else {
+        libc::EOPNOTSUPP
+    });
+    -1
+}

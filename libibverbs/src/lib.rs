@@ -29,6 +29,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod abi;
+mod buf;
 mod device;
 mod dm;
 mod domain;

@@ -43,6 +43,10 @@ pub fn fill_ops(v: &mut verbs_context) {
     v.alloc_dm = Some(crate::dm::alloc_dm);
     v.free_dm = Some(crate::dm::free_dm);
     v.reg_dm_mr = Some(crate::dm::reg_dm_mr);
+    v.dm_export_dmabuf_fd = Some(crate::dm::rxe_ibv_dm_export_dmabuf_fd);
+    v.alloc_dmah = Some(crate::stubs::rxe_ibv_alloc_dmah);
+    v.dealloc_dmah = Some(crate::stubs::rxe_ibv_dealloc_dmah);
+    crate::buf::fill_ops(v);
 }
 
 /// `ibv_advise_mr` (verbs_context op): prefetch advice for ranges of
@@ -88,7 +92,7 @@ unsafe extern "C" fn advise_mr(
     })
 }
 
-fn null_with<T>(e: c_int) -> *mut T {
+pub(crate) fn null_with<T>(e: c_int) -> *mut T {
     set_errno(e);
     std::ptr::null_mut()
 }
@@ -305,7 +309,7 @@ pub(crate) fn access_flags(access: c_int) -> Result<AccessFlags, c_int> {
     })
 }
 
-unsafe fn reg_mr(
+pub(crate) unsafe fn reg_mr(
     p: *mut ibv_pd,
     addr: *mut c_void,
     len: usize,

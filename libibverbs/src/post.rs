@@ -599,6 +599,17 @@ fn with_last(q: *mut ibv_qp_ex, what: &str, f: impl FnOnce(&mut WrBuild)) {
     f(&mut b);
 }
 
+/// Fail the batch being built: `wr_complete` will return `errno` (the
+/// first such error).
+fn fail_batch(q: *mut ibv_qp_ex, errno: c_int) {
+    qpx(q)
+        .build
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .err
+        .get_or_insert(errno);
+}
+
 unsafe extern "C" fn wr_start(q: *mut ibv_qp_ex) {
     let mut b = qpx(q).build.lock().unwrap_or_else(|p| p.into_inner());
     b.wrs.clear();
@@ -706,12 +717,7 @@ unsafe extern "C" fn wr_atomic_write(
 ) {
     if data.is_null() {
         debug(|| "ibv_wr_atomic_write: no data".into());
-        qpx(q)
-            .build
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .err
-            .get_or_insert(libc::EINVAL);
+        fail_batch(q, libc::EINVAL);
         return;
     }
     // SAFETY: the program passes 8 readable bytes (verbs.h contract).
@@ -729,12 +735,7 @@ unsafe extern "C" fn wr_bind_mw(
     info: *const ibv_mw_bind_info,
 ) {
     if mw.is_null() || info.is_null() {
-        qpx(q)
-            .build
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .err
-            .get_or_insert(libc::EINVAL);
+        fail_batch(q, libc::EINVAL);
         return;
     }
     // SAFETY: the program's live MW and bind info.
@@ -898,7 +899,24 @@ unsafe extern "C" fn wr_set_inline_data_list(
     set_inline(q, bufs, "ibv_wr_set_inline_data_list", false);
 }
 
+/// `ibv_wr_flush` (rdma-core 45): rxe-emu's engine has no FLUSH, and a QP
+/// asking for it (`IBV_QP_EX_WITH_FLUSH`) is refused at creation; a
+/// program that calls it anyway has its batch fail at `ibv_wr_complete`
+/// with EOPNOTSUPP instead of jumping through a NULL pointer.
+unsafe extern "C" fn wr_flush(
+    q: *mut ibv_qp_ex,
+    _rkey: u32,
+    _remote_addr: u64,
+    _len: usize,
+    _type: u8,
+    _level: u8,
+) {
+    debug(|| "ibv_wr_flush: FLUSH is not supported by rxe-emu".into());
+    fail_batch(q, libc::EOPNOTSUPP);
+}
+
 pub fn fill_qp_ex(q: &mut ibv_qp_ex) {
+    q.wr_flush = Some(wr_flush);
     q.wr_start = Some(wr_start);
     q.wr_complete = Some(wr_complete);
     q.wr_abort = Some(wr_abort);

@@ -70,6 +70,36 @@ pub unsafe extern "C" fn rxe_ibv_event_type_str(ev: c_int) -> *const c_char {
     match usize::try_from(ev).ok().and_then(|i| T.get(i)) {
         Some(s) => as_c(s),
         None if ev == 19 => as_c("WQ fatal\0"),
+        None if ev == 20 => as_c("Device link speed change\0"),
+        None => as_c("unknown\0"),
+    }
+}
+
+/// `ibv_wr_opcode_str` (rdma-core 65, private node): rdma-core's names;
+/// "unknown" outside `IBV_WR_RDMA_WRITE..=IBV_WR_ATOMIC_WRITE` and for
+/// the two unnamed values 12 and 13 (where rdma-core's table has NULL).
+#[no_mangle]
+pub unsafe extern "C" fn rxe_ibv_wr_opcode_str(op: c_int) -> *const c_char {
+    const T: [&str; 16] = cstr_table!(
+        "rdma-write",
+        "rdma-write-with-imm",
+        "send",
+        "send-with-imm",
+        "rdma-read",
+        "atomic-cmp-and-swp",
+        "atomic-fetch-and-add",
+        "local-inv",
+        "bind-mw",
+        "send-with-inv",
+        "tso",
+        "driver1",
+        "unknown",
+        "unknown",
+        "flush",
+        "atomic-write",
+    );
+    match usize::try_from(op).ok().and_then(|i| T.get(i)) {
+        Some(s) => as_c(s),
         None => as_c("unknown\0"),
     }
 }

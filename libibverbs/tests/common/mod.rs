@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use emulator_daemon::server::{Server, ServerConfig};
 
+pub mod debian;
+pub mod layout;
+
 #[path = "../../../test-support/skip.rs"]
 mod skip;
 #[allow(unused_imports)]

@@ -9,7 +9,8 @@
 //! channel, as in rsocket.c, so it never collides with a real fd.
 //! `rpoll`/`rselect` poll the real fds behind each rsocket (its CQ's
 //! completion channel and its CM event channel) together with any
-//! ordinary fds.
+//! ordinary fds; `repoll_*` (rdma-core 65) keep epoll sets over `rpoll`
+//! ([`epoll`]).
 //!
 //! Not implemented, failing with `ENOSYS` (and saying so under
 //! `RXE_EMU_DEBUG=1`): datagram rsockets (`SOCK_DGRAM`) and direct data
@@ -17,6 +18,7 @@
 //! size 0, as rsocket.c does by default). Keepalive messages are not
 //! sent (the options are kept and reported).
 
+mod epoll;
 mod poll;
 pub mod proto;
 mod stream;
@@ -293,6 +295,9 @@ pub extern "C" fn rxe_rshutdown(socket: c_int, how: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn rxe_rclose(socket: c_int) -> c_int {
     call("rclose", || {
+        if epoll::close(socket).is_some() {
+            return Ok(());
+        }
         let rs = remove(socket).ok_or_else(|| err(libc::EBADF, "not an rsocket"))?;
         if rs.lock().state & state::CONNECTED != 0 {
             let _ = stream::shutdown(&rs, libc::SHUT_RDWR);

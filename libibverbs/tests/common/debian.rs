@@ -1,0 +1,210 @@
+//! A Debian root file system for a distribution's unmodified programs on
+//! the drop-in (`debian13.rs`: trixie, `debian_sid.rs`: sid): built from
+//! Debian's packages with `mmdebstrap` and cached under
+//! `~/.cache/rxe-emu/roots/` (like the conformance guest's image), entered
+//! with `chroot` in a private mount namespace with this build's `rxe-emu`,
+//! `rxe-emud` and libraries at `/opt/rxe-emu`; and the checks both tests
+//! make there: every program loads with `LD_BIND_NOW`, perftest's pairs
+//! run to the end.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::{have_program, have_root, profile_dir, skip, wait_limited};
+
+/// A Debian suite and what its root holds besides the base system.
+pub struct Suite {
+    /// The suite's name (`trixie`, `sid`), for mmdebstrap and the cache.
+    pub name: &'static str,
+    /// What a message calls it (`Debian 13`).
+    pub label: &'static str,
+    /// Packages, comma-separated, as `mmdebstrap --include` takes them.
+    pub packages: &'static str,
+}
+
+/// One root build at a time in this process (the tests of one file
+/// share the root).
+static BUILDING: Mutex<()> = Mutex::new(());
+
+/// The cached root of `suite`, built on first use (a few hundred MB of
+/// packages from deb.debian.org, 15 to 30 s here). `None`, after saying
+/// why, without root, mmdebstrap or the registry.
+pub fn root(suite: &Suite) -> Option<PathBuf> {
+    let what = format!("chroot into a {} root", suite.label);
+    if !have_root(&what) || !have_program("mmdebstrap", "mmdebstrap") {
+        return None;
+    }
+    let _b = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cache"));
+    // The package list is part of the name: a changed list builds anew.
+    let dir = cache.join("rxe-emu/roots").join(format!(
+        "{}-{:08x}",
+        suite.name,
+        suite
+            .packages
+            .bytes()
+            .fold(0x811c9dc5u32, |h, b| (h ^ b as u32)
+                .wrapping_mul(0x0100_0193))
+    ));
+    if dir.join("usr/bin/ib_write_bw").exists() {
+        return Some(dir);
+    }
+    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::create_dir_all(tmp.parent().unwrap()).unwrap();
+    let out = Command::new("mmdebstrap")
+        .arg("--variant=apt")
+        // A Release file is valid for a week; a mirror (or a cache in
+        // front of deb.debian.org) may serve an older one, which apt
+        // refuses as expired. The signature is still checked.
+        .arg("--aptopt=Acquire::Check-Valid-Until \"false\"")
+        .args(["--include", suite.packages, suite.name])
+        .arg(&tmp)
+        .arg("http://deb.debian.org/debian")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        let why = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = why.lines().rev().take(8).collect();
+        skip(
+            &format!(
+                "a {} root (mmdebstrap failed: {})",
+                suite.label,
+                tail.join(" | ")
+            ),
+            "network access to deb.debian.org",
+        );
+        return None;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir).unwrap();
+    Some(dir)
+}
+
+/// Every script starts `rxe0` in the root (as `$X start`), and stops it
+/// however the script ends.
+pub const START_RXE0: &str = "export RXE_EMU_SOCKET=/tmp/s/sock
+    X=/opt/rxe-emu/rxe-emu
+    $X start --device rxe0=127.0.215.1 >/dev/null
+    trap '$X stop >/dev/null 2>&1' EXIT
+";
+
+/// This build's programs and libraries, which the root gets at
+/// /opt/rxe-emu, exist.
+pub fn assert_built() {
+    for lib in ["libibverbs.so", "librdmacm.so", "rxe-emu", "rxe-emud"] {
+        assert!(
+            profile_dir().join(lib).exists(),
+            "{lib} is missing: cargo build --release --workspace first (scripts/test does)"
+        );
+    }
+}
+
+/// Run `script` (bash) in the root, after [`START_RXE0`], with this build
+/// at /opt/rxe-emu, a fresh /tmp, /proc and /dev, in a mount namespace of
+/// its own (nothing stays mounted). Returns exit success and output.
+pub fn in_root(root: &Path, script: &str, limit: Duration) -> (bool, String) {
+    let build = profile_dir();
+    let setup = format!(
+        "set -e; mount --make-rprivate /; R='{r}'
+         mount -t proc proc \"$R/proc\"; mount --bind /dev \"$R/dev\"
+         mount -t tmpfs tmpfs \"$R/tmp\"; mkdir -p \"$R/opt/rxe-emu\"
+         mount --bind -o ro '{b}' \"$R/opt/rxe-emu\"
+         exec chroot \"$R\" /bin/bash -c \"$0\"",
+        r = root.display(),
+        b = build.display()
+    );
+    let child = Command::new("unshare")
+        .args(["-m", "bash", "-c", &setup, &format!("{START_RXE0}{script}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, timed_out) = wait_limited(child, limit);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (!timed_out && out.status.success(), text)
+}
+
+/// Every program of /usr/bin that links libibverbs or librdmacm loads
+/// with every symbol bound at once (a missing one fails the load, as
+/// perftest 25.01 failed on libmlx5's ibv_cmd_create_cq_ex2 before) and
+/// runs far enough to print its usage or version; at least `min` of
+/// them. Then `ibv_devinfo -v` on rxe0. Returns the output.
+pub fn programs_load(root: &Path, min: usize) -> String {
+    let load = r#"
+        n=0
+        for p in /usr/bin/*; do
+          ldd "$p" 2>/dev/null | grep -qE 'lib(ibverbs|rdmacm)\.so\.1' || continue
+          out=$(LD_BIND_NOW=1 $X exec -- timeout 3 "$p" --help 2>&1 </dev/null)
+          if echo "$out" | grep -qE 'symbol lookup error|undefined symbol|version .* not found|cannot open shared'; then
+            echo "LOAD-FAIL $p: $(echo "$out" | grep -E 'symbol|version|cannot' | head -2)"
+          fi
+          n=$((n + 1))
+        done
+        echo "checked $n programs"
+        $X exec -- ibv_devinfo -v
+    "#;
+    let (ok, text) = in_root(root, load, Duration::from_secs(300));
+    eprintln!("{text}");
+    assert!(ok, "{text}");
+    assert!(!text.contains("LOAD-FAIL"), "{text}");
+    let checked: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("checked ")?.split(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(checked >= min, "too few programs checked:\n{text}");
+    assert!(
+        text.contains("hca_id:\trxe0") && text.contains("PORT_ACTIVE"),
+        "{text}"
+    );
+    text
+}
+
+/// perftest's pairs (`ib_write_bw -s 65536`, ...), server first, each on
+/// rxe0 with 100 iterations: both sides must end with status 0 and the
+/// client print its result line.
+pub fn perftest_pairs(root: &Path, pairs: &[&str]) {
+    let list: Vec<String> = pairs.iter().map(|p| format!("\"{p}\"")).collect();
+    let script = format!(
+        r#"
+        fail=0
+        for t in {}; do
+          for try in 2 4; do
+            $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 >/tmp/srv.txt 2>&1 &
+            s=$!
+            sleep $try
+            $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 127.0.215.1 >/tmp/cli.txt 2>&1
+            c=$?
+            wait $s
+            r=$?
+            # perftest's -R client is rejected (REJ reason 8, no listener
+            # yet) when it wins the race with its server, as with kernel
+            # rdma_cm: once more, with more head start. (perftest 25.01 then
+            # reuses the id it destroyed; our librdmacm refuses it, and
+            # perftest aborts.)
+            grep -qE 'Unexpected CM event|REJECTED' /tmp/cli.txt || break
+            kill $s 2>/dev/null; wait $s 2>/dev/null
+          done
+          if [ $c = 0 ] && [ $r = 0 ] && grep -qE '^ *[0-9]+ +100 ' /tmp/cli.txt; then
+            echo "PASS $t"
+          else
+            echo "FAIL $t (client $c, server $r)"; tail -n 5 /tmp/cli.txt /tmp/srv.txt; fail=1
+          fi
+        done
+        exit $fail
+    "#,
+        list.join(" ")
+    );
+    let (ok, text) = in_root(root, &script, Duration::from_secs(900));
+    eprintln!("{text}");
+    assert!(ok && text.matches("PASS ").count() == pairs.len(), "{text}");
+}
