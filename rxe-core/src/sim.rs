@@ -164,6 +164,48 @@ impl Bottleneck {
         }
     }
 
+    /// Why this is not a queue a real device should model, if it is not:
+    /// a rate outside 1 Mb/s..=10 Tb/s, Kmin above Kmax, Pmax outside
+    /// 0..=1, a buffer smaller than one 1500-byte packet, or one that
+    /// would hold a datagram back longer than `max_hold` once full.
+    pub fn check(&self, max_hold: Duration) -> Result<(), String> {
+        if !(1..=10_000_000).contains(&self.rate_mbps) {
+            return Err(format!(
+                "queue rate {} Mb/s is outside 1..=10000000",
+                self.rate_mbps
+            ));
+        }
+        if self.kmin_bytes > self.kmax_bytes {
+            return Err(format!(
+                "queue Kmin {} bytes is above Kmax {} bytes",
+                self.kmin_bytes, self.kmax_bytes
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.pmax) {
+            return Err(format!(
+                "queue Pmax {} is not a probability in 0..=1",
+                self.pmax
+            ));
+        }
+        if self.buffer_bytes < 1500 {
+            return Err(format!(
+                "queue buffer {} bytes cannot hold one packet (at least 1500)",
+                self.buffer_bytes
+            ));
+        }
+        let hold = Duration::from_nanos(self.tx_ns(self.buffer_bytes));
+        if hold > max_hold {
+            return Err(format!(
+                "a full queue of {} bytes at {} Mb/s holds a datagram back {:.1} s (at most {:.1} s)",
+                self.buffer_bytes,
+                self.rate_mbps,
+                hold.as_secs_f64(),
+                max_hold.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+
     /// Nanoseconds to serialise `bytes`.
     fn tx_ns(&self, bytes: u64) -> u64 {
         (u128::from(bytes) * 8_000 / u128::from(self.rate_mbps.max(1))) as u64
@@ -1101,6 +1143,30 @@ mod tests {
         assert_eq!(red().mark_probability(2_000), 0.25);
         assert_eq!(red().mark_probability(1_000), 0.0);
         assert_eq!(red().mark_probability(3_001), 1.0);
+        // Sanity of a configuration: a full buffer drains in 10 ms here.
+        let ms = Duration::from_millis(1);
+        assert_eq!(red().check(10 * ms), Ok(()));
+        assert!(red()
+            .check(ms)
+            .unwrap_err()
+            .contains("holds a datagram back"));
+        for bad in [
+            Bottleneck {
+                rate_mbps: 0,
+                ..red()
+            },
+            Bottleneck {
+                kmin_bytes: 4_000,
+                ..red()
+            },
+            Bottleneck { pmax: 1.5, ..red() },
+            Bottleneck {
+                buffer_bytes: 100,
+                ..red()
+            },
+        ] {
+            assert!(bad.check(Duration::from_secs(10)).is_err(), "{bad:?}");
+        }
         // Once drained, it serves at once again.
         let later = us(20_000);
         assert_eq!(q.backlog(later), 0);
