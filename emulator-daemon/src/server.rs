@@ -1108,7 +1108,9 @@ impl Server {
                     out += &format!("link {}/1: no QPs\n", dev.spec.name);
                 }
             }
-            Query::Fault => {
+            Query::Fault | Query::Cc => {
+                // A setting every process applies: their refusals, then
+                // what is set and how many took it.
                 let ok = p
                     .replies
                     .iter()
@@ -1119,39 +1121,25 @@ impl Server {
                         out += &format!("{l}\n");
                     }
                 }
-                out += &format!(
-                    "fault on {}: {} ({} of {} processes applied it; processes that open it later get it too)\n",
-                    dev.spec.name,
-                    dev.fault.as_deref().unwrap_or("off"),
-                    ok,
-                    p.replies.len() + p.waiting.len()
-                );
-            }
-            Query::Cc => {
-                let ok = p
-                    .replies
-                    .iter()
-                    .filter(|(_, l)| l.iter().any(|x| x == "OK"))
-                    .count();
-                for (_, lines) in &p.replies {
-                    for l in lines.iter().filter(|l| l.starts_with("ERR")) {
-                        out += &format!("{l}\n");
-                    }
-                }
-                let set: Vec<String> = dev
-                    .cc
-                    .overrides()
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
-                out += &format!(
-                    "cc on {}: {} ({} of {} processes applied it; processes that open it later get it too)\n",
-                    dev.spec.name,
-                    if set.is_empty() {
+                let (what, set) = if p.query == Query::Fault {
+                    ("fault", dev.fault.clone().unwrap_or_else(|| "off".into()))
+                } else {
+                    let set: Vec<String> = dev
+                        .cc
+                        .overrides()
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    let set = if set.is_empty() {
                         "all defaults".to_string()
                     } else {
                         set.join(" ")
-                    },
+                    };
+                    ("cc", set)
+                };
+                out += &format!(
+                    "{what} on {}: {set} ({} of {} processes applied it; processes that open it later get it too)\n",
+                    dev.spec.name,
                     ok,
                     p.replies.len() + p.waiting.len()
                 );

@@ -978,22 +978,7 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
     let a = side(d.open(), QpType::Rc);
     let b = side(d.open(), QpType::Rc);
     let pcap = d.path.with_file_name("trace.pcap");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (path, pcap2) = (d.path.clone(), pcap.clone());
-    let tracer = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let w = wire::pcap::PcapWriter::new(std::fs::File::create(&pcap2).unwrap()).unwrap();
-        let opts = emulator_daemon::trace::TraceOptions {
-            explain: true,
-            count: Some(4),
-        };
-        let n = emulator_daemon::trace::run(&path, "rxe0", &opts, Some(w), &mut out, || {
-            tx.send(()).unwrap()
-        })
-        .unwrap();
-        (n, String::from_utf8(out).unwrap())
-    });
-    rx.recv_timeout(WAIT).unwrap();
+    let tracer = explained_trace(&d.path, &pcap, 4);
     // The daemon sent "TRACE on" to both processes before this STAT, on
     // the same connections: once they have answered, they are tracing.
     let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
@@ -1040,6 +1025,29 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
             "tshark is not installed; CI must install it"
         ),
     }
+}
+
+/// `rxe-emu trace --explain --pcap PCAP rxe0` for `count` packets, in a
+/// thread; returns once it is tracing. The thread's result is the number
+/// of packets shown and what it printed.
+fn explained_trace(path: &Path, pcap: &Path, count: usize) -> JoinHandle<(usize, String)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (path, pcap) = (path.to_path_buf(), pcap.to_path_buf());
+    let tracer = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let w = wire::pcap::PcapWriter::new(std::fs::File::create(&pcap).unwrap()).unwrap();
+        let opts = emulator_daemon::trace::TraceOptions {
+            explain: true,
+            count: Some(count),
+        };
+        let n = emulator_daemon::trace::run(&path, "rxe0", &opts, Some(w), &mut out, || {
+            tx.send(()).unwrap()
+        })
+        .unwrap();
+        (n, String::from_utf8(out).unwrap())
+    });
+    rx.recv_timeout(WAIT).unwrap();
+    tracer
 }
 
 /// A burst of traffic while traced sends the daemon many trace lines at
@@ -1518,25 +1526,11 @@ fn trace_explains_ce_marks_and_cnps_and_its_pcap_carries_the_tos() {
     let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
     assert!(ask("FAULT rxe0 ce=1 seed=9").contains("2 of 2 processes applied it"));
     let pcap = d.path.with_file_name("cc.pcap");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (path, pcap2) = (d.path.clone(), pcap.clone());
-    let tracer = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let w = wire::pcap::PcapWriter::new(std::fs::File::create(&pcap2).unwrap()).unwrap();
-        let opts = emulator_daemon::trace::TraceOptions {
-            explain: true,
-            count: Some(3),
-        };
-        let n = emulator_daemon::trace::run(&path, "rxe0", &opts, Some(w), &mut out, || {
-            tx.send(()).unwrap()
-        })
-        .unwrap();
-        (n, String::from_utf8(out).unwrap())
-    });
-    rx.recv_timeout(WAIT).unwrap();
-    let _ = ask("STAT rxe0"); // both processes are tracing now
-                              // One SEND (marked CE on its way out of A), its CNP and its ACK:
-                              // between two processes of the device, by the same-host path.
+    let tracer = explained_trace(&d.path, &pcap, 3);
+    // Once both processes answered a STAT, they are tracing.
+    let _ = ask("STAT rxe0");
+    // One SEND (marked CE on its way out of A), its CNP and its ACK:
+    // between two processes of the device, by the same-host path.
     send_each(&a, &b, 1);
     let (n, out) = tracer.join().unwrap();
     assert_eq!(n, 3, "{out}");
