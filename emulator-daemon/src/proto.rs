@@ -5,6 +5,7 @@
 //! ```text
 //! OPEN <device>            -> OK name=rxe0 addr=127.0.0.1 netdev_mtu=65536 slot=3
 //!                                qpn_lo=0x30011 qpn_hi=0x3ffff qpn_first=0x31011 key_seed=...
+//!                                [like=mlx5 [cc=rpg_ai_rate:10,min_time_between_cnps:8]]
 //!                             ERR <message>
 //! STATUS                   -> OK <n> followed by n lines
 //! STOP                     -> OK stopping
@@ -55,12 +56,17 @@ pub struct DeviceInfo {
     pub qpn_first: u32,
     /// Seed for the client's key bytes.
     pub key_seed: u64,
+    /// Congestion behaviour: kernel rxe's (`like=` absent) or ConnectX's.
+    pub cc_model: rxe_core::CcModel,
+    /// Congestion-control parameters that differ from the defaults, in
+    /// `CcParams::specs` order (`rxe-emu cc set`).
+    pub cc_params: Vec<(String, u32)>,
 }
 
 impl DeviceInfo {
     /// The `OK ...` reply line (without newline).
     pub fn to_line(&self) -> String {
-        format!(
+        let mut l = format!(
             "OK name={} addr={} netdev_mtu={} slot={} qpn_lo={:#x} qpn_hi={:#x} qpn_first={:#x} key_seed={}",
             self.name,
             self.addr,
@@ -70,7 +76,19 @@ impl DeviceInfo {
             self.qpn_hi,
             self.qpn_first,
             self.key_seed
-        )
+        );
+        if self.cc_model != rxe_core::CcModel::RxeLike {
+            l += &format!(" like={}", self.cc_model.name());
+        }
+        if !self.cc_params.is_empty() {
+            let kv: Vec<String> = self
+                .cc_params
+                .iter()
+                .map(|(k, v)| format!("{k}:{v}"))
+                .collect();
+            l += &format!(" cc={}", kv.join(","));
+        }
+        l
     }
 
     /// Parse an `OK ...` reply line.
@@ -112,6 +130,22 @@ impl DeviceInfo {
             qpn_hi: u32_of("qpn_hi")?,
             qpn_first: u32_of("qpn_first")?,
             key_seed: num("key_seed")?,
+            cc_model: match get.get("like") {
+                None => rxe_core::CcModel::RxeLike,
+                Some(m) => rxe_core::CcModel::from_name(m)
+                    .ok_or_else(|| format!("rxe-emud reply has an unknown like={m}: {line:?}"))?,
+            },
+            cc_params: match get.get("cc") {
+                None => Vec::new(),
+                Some(list) => list
+                    .split(',')
+                    .map(|kv| {
+                        let (k, v) = kv.split_once(':')?;
+                        Some((k.to_string(), v.parse().ok()?))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| format!("rxe-emud reply has a bad cc={list}: {line:?}"))?,
+            },
         })
     }
 }
@@ -131,8 +165,23 @@ mod tests {
             qpn_hi: 0x5ffff,
             qpn_first: 0x51011,
             key_seed: 77,
+            cc_model: rxe_core::CcModel::RxeLike,
+            cc_params: Vec::new(),
         };
         assert_eq!(DeviceInfo::from_line(&d.to_line()).unwrap(), d);
+        // A kernel-rxe-like device's reply is what it always was.
+        assert!(!d.to_line().contains("like=") && !d.to_line().contains("cc="));
+        let mlx5 = DeviceInfo {
+            cc_model: rxe_core::CcModel::Mlx5Like,
+            cc_params: vec![("rpg_ai_rate".into(), 10), ("rpg_gd".into(), 9)],
+            ..d.clone()
+        };
+        assert!(mlx5
+            .to_line()
+            .ends_with(" like=mlx5 cc=rpg_ai_rate:10,rpg_gd:9"));
+        assert_eq!(DeviceInfo::from_line(&mlx5.to_line()).unwrap(), mlx5);
+        assert!(DeviceInfo::from_line(&(d.to_line() + " like=cx9")).is_err());
+        assert!(DeviceInfo::from_line(&(d.to_line() + " cc=rpg_gd")).is_err());
         assert!(DeviceInfo::from_line("ERR no such device").is_err());
         assert!(DeviceInfo::from_line("OK name=rxe0").is_err());
         assert!(DeviceInfo::from_line(&d.to_line().replace("slot=5", "slot=x")).is_err());

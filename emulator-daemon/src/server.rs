@@ -54,17 +54,38 @@ pub struct DeviceSpec {
     /// MTU of its netdev; `None` looks it up (the interface that has the
     /// address), 65536 for loopback and 1500 if not found.
     pub netdev_mtu: Option<u32>,
+    /// Whose congestion behaviour it has: kernel rxe's (the default) or
+    /// ConnectX's (`like=mlx5`: ECN, CNPs, DCQCN).
+    pub like: rxe_core::CcModel,
 }
 
 impl std::str::FromStr for DeviceSpec {
     type Err = String;
-    /// `NAME=ADDR`, `NAME=ADDR/MTU` or `NAME=netdev:IFNAME`.
+    /// `NAME=ADDR`, `NAME=ADDR/MTU` or `NAME=netdev:IFNAME`, each
+    /// optionally followed by `,like=rxe` (the default) or `,like=mlx5`.
     fn from_str(s: &str) -> Result<Self, String> {
         let (name, rest) = s.split_once('=').ok_or_else(|| {
-            format!("device {s:?}: expected NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IFNAME")
+            format!("device {s:?}: expected NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IFNAME, optionally with ,like=rxe|mlx5")
         })?;
         if name.is_empty() || name.len() > 63 || !name.chars().all(|c| c.is_ascii_graphic()) {
             return Err(format!("device {s:?}: bad name"));
+        }
+        let mut options = rest.split(',');
+        let rest = options.next().unwrap_or("");
+        let mut like = rxe_core::CcModel::RxeLike;
+        for o in options {
+            match o.split_once('=') {
+                Some(("like", m)) => {
+                    like = rxe_core::CcModel::from_name(m).ok_or_else(|| {
+                        format!("device {s:?}: like={m:?}: expected rxe (kernel rxe) or mlx5 (ConnectX: ECN, CNPs, DCQCN)")
+                    })?;
+                }
+                _ => {
+                    return Err(format!(
+                        "device {s:?}: unknown option {o:?} (like=rxe|mlx5)"
+                    ))
+                }
+            }
         }
         if let Some(ifname) = rest.strip_prefix("netdev:") {
             if ifname.is_empty() || ifname.len() > 15 || ifname.contains(['/', ' ']) {
@@ -74,6 +95,7 @@ impl std::str::FromStr for DeviceSpec {
                 name: name.to_string(),
                 binding: Binding::Netdev(ifname.to_string()),
                 netdev_mtu: None,
+                like,
             });
         }
         let (addr, mtu) = match rest.split_once('/') {
@@ -95,6 +117,7 @@ impl std::str::FromStr for DeviceSpec {
                     .map_err(|_| format!("device {s:?}: bad address {addr:?}"))?,
             ),
             netdev_mtu: mtu,
+            like,
         })
     }
 }
@@ -103,9 +126,13 @@ impl std::fmt::Display for DeviceSpec {
     /// The form [`DeviceSpec::from_str`] reads.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (&self.binding, self.netdev_mtu) {
-            (Binding::Netdev(n), _) => write!(f, "{}=netdev:{n}", self.name),
-            (Binding::Addr(a), Some(m)) => write!(f, "{}={a}/{m}", self.name),
-            (Binding::Addr(a), None) => write!(f, "{}={a}", self.name),
+            (Binding::Netdev(n), _) => write!(f, "{}=netdev:{n}", self.name)?,
+            (Binding::Addr(a), Some(m)) => write!(f, "{}={a}/{m}", self.name)?,
+            (Binding::Addr(a), None) => write!(f, "{}={a}", self.name)?,
+        }
+        match self.like {
+            rxe_core::CcModel::RxeLike => Ok(()),
+            m => write!(f, ",like={}", m.name()),
         }
     }
 }
@@ -164,6 +191,9 @@ struct Device {
     /// The fault spec `rxe-emu fault` set (sent to every process that
     /// opens the device later too).
     fault: Option<String>,
+    /// Congestion-control parameters (`rxe-emu cc set`), given to every
+    /// process that opens the device (a ConnectX-like one).
+    cc: rxe_core::CcParams,
     /// The `rxe-emu trace` client watching the device, and its tag.
     tracer: Option<(u64, u64)>,
     /// PSN of QP1's last send.
@@ -175,6 +205,7 @@ enum Query {
     Stat,
     Qps,
     Fault,
+    Cc,
 }
 
 /// A question the daemon asked the processes of a device for a CLI
@@ -417,6 +448,7 @@ fn new_device(existing: &[Device], spec: &DeviceSpec, slots: u32) -> Result<Devi
         released: vec![0; n],
         stats: DeviceStats::default(),
         fault: None,
+        cc: rxe_core::CcParams::default(),
         tracer: None,
         qp1_psn: 0,
     })
@@ -802,6 +834,26 @@ impl Server {
                         return stop;
                     }
                 }
+                (Some("CC"), Some("SHOW"), Some(dev)) => {
+                    let text = self.cc_show(dev).unwrap_or_else(|e| format!("ERR {e}\n"));
+                    let c = self.clients.get_mut(&id).expect("client exists");
+                    let _ = c.stream.set_nonblocking(false);
+                    let _ = c.stream.write_all(text.as_bytes());
+                    done = true;
+                }
+                (Some("CC"), Some("SET"), Some(dev)) => {
+                    let kvs = line.splitn(4, ' ').nth(3).unwrap_or("").to_string();
+                    let asked = self
+                        .cc_update(dev, &kvs)
+                        .and_then(|spec| self.ask(id, dev, Query::Cc, Some(spec)));
+                    if let Err(e) = asked {
+                        let c = self.clients.get_mut(&id).expect("client exists");
+                        let _ = c.stream.write_all(format!("ERR {e}\n").as_bytes());
+                        done = true;
+                    } else {
+                        return stop;
+                    }
+                }
                 (Some("INBOX"), Some(dev), Some(slot)) => {
                     self.send_inbox(id, dev, slot);
                     done = true;
@@ -843,7 +895,7 @@ impl Server {
                     let c = self.clients.get_mut(&id).expect("client exists");
                     let shown: String = line.chars().take(60).collect();
                     let _ = c.stream.write_all(
-                        format!("ERR unknown request {shown:?}: expected OPEN <device>, LINK ADD|DEL|SHOW, STATUS or STOP\n")
+                        format!("ERR unknown request {shown:?}: expected OPEN <device>, LINK ADD|DEL|SHOW, CC SHOW|SET, STATUS or STOP\n")
                             .as_bytes(),
                     );
                     done = true;
@@ -880,6 +932,8 @@ impl Server {
                 self.devices[d].fault = Some(spec.clone()).filter(|s| !s.trim().is_empty());
                 ("FAULT", format!(" {spec}"))
             }
+            // The device's whole parameter set (defaults + overrides).
+            Query::Cc => ("CC", format!(" {}", spec.unwrap_or_default())),
         };
         let mut owners: Vec<u64> = self.devices[d].owner.iter().flatten().copied().collect();
         owners.dedup();
@@ -1054,7 +1108,9 @@ impl Server {
                     out += &format!("link {}/1: no QPs\n", dev.spec.name);
                 }
             }
-            Query::Fault => {
+            Query::Fault | Query::Cc => {
+                // A setting every process applies: their refusals, then
+                // what is set and how many took it.
                 let ok = p
                     .replies
                     .iter()
@@ -1065,10 +1121,25 @@ impl Server {
                         out += &format!("{l}\n");
                     }
                 }
+                let (what, set) = if p.query == Query::Fault {
+                    ("fault", dev.fault.clone().unwrap_or_else(|| "off".into()))
+                } else {
+                    let set: Vec<String> = dev
+                        .cc
+                        .overrides()
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    let set = if set.is_empty() {
+                        "all defaults".to_string()
+                    } else {
+                        set.join(" ")
+                    };
+                    ("cc", set)
+                };
                 out += &format!(
-                    "fault on {}: {} ({} of {} processes applied it; processes that open it later get it too)\n",
+                    "{what} on {}: {set} ({} of {} processes applied it; processes that open it later get it too)\n",
                     dev.spec.name,
-                    dev.fault.as_deref().unwrap_or("off"),
                     ok,
                     p.replies.len() + p.waiting.len()
                 );
@@ -1129,6 +1200,13 @@ impl Server {
             qpn_hi: hi,
             qpn_first: first,
             key_seed: seed,
+            cc_model: dev.spec.like,
+            cc_params: dev
+                .cc
+                .overrides()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
         };
         // The slot's inbox for the same-host path, new for each owner (a
         // sender still holding the last owner's sees it closed).
@@ -1320,13 +1398,104 @@ impl Server {
     fn link_line(&self, d: usize) -> String {
         let dev = &self.devices[d];
         format!(
-            "link {}/1 state ACTIVE physical_state LINK_UP netdev {} addr {} netdev_mtu {} processes {}",
+            "link {}/1 state ACTIVE physical_state LINK_UP netdev {} addr {} netdev_mtu {} like {} processes {}",
             dev.spec.name,
             dev.netdev.as_deref().unwrap_or("-"),
             dev.addr,
             dev.netdev_mtu,
+            dev.spec.like.name(),
             dev.owner.iter().filter(|o| o.is_some()).count()
         )
+    }
+
+    fn device_index(&self, name: &str) -> Result<usize, String> {
+        self.devices
+            .iter()
+            .position(|d| d.spec.name == name)
+            .ok_or_else(|| format!("no device {name:?}"))
+    }
+
+    /// `CC SHOW <dev>`: the model and every parameter with its value,
+    /// default, range and meaning.
+    fn cc_show(&self, name: &str) -> Result<String, String> {
+        let dev = &self.devices[self.device_index(name)?];
+        let mut out = match dev.spec.like {
+            rxe_core::CcModel::RxeLike => format!(
+                "link {name}/1 like rxe: kernel rxe's congestion behaviour (Not-ECT, CE ignored, CNPs dropped); these parameters apply to devices added with --like mlx5\n"
+            ),
+            rxe_core::CcModel::Mlx5Like => format!(
+                "link {name}/1 like mlx5: ECT(0) out, a CNP for each CE-marked data packet (at most one per min_time_between_cnps per QP), DCQCN pacing each QP\n"
+            ),
+        };
+        out += &format!(
+            "{:<30} {:>10} {:>10}  {:<18} {}\n",
+            "parameter", "value", "default", "range", "meaning"
+        );
+        for spec in rxe_core::CcParams::specs() {
+            let max = match spec.max {
+                rxe_core::cc::Max::Value(v) => v.to_string(),
+                rxe_core::cc::Max::LineRate => format!("{} (line)", dev.cc.line_rate_mbps),
+            };
+            let value = dev.cc.get(spec.name).unwrap_or(spec.default);
+            out += &format!(
+                "{:<30} {:>10} {:>10}  {:<18} {}{}\n",
+                spec.name,
+                value,
+                spec.default,
+                format!("{}..={max}", spec.min),
+                spec.what,
+                if value != spec.default { " (set)" } else { "" }
+            );
+        }
+        Ok(out)
+    }
+
+    /// `CC SET <dev> name=value ...`: check every assignment against the
+    /// parameter's range (all or nothing), keep them for processes that
+    /// open the device later, and return the device's whole parameter set
+    /// (its overrides, in spec order) for the processes that have it open.
+    fn cc_update(&mut self, name: &str, kvs: &str) -> Result<String, String> {
+        let d = self.device_index(name)?;
+        let dev = &self.devices[d];
+        if dev.spec.like != rxe_core::CcModel::Mlx5Like {
+            return Err(format!(
+                "device {name} is kernel-rxe-like: it has no congestion control to set (add a device with --like mlx5)"
+            ));
+        }
+        if kvs.split_whitespace().next().is_none() {
+            return Err(
+                "cc set needs NAME=VALUE assignments (rxe-emu cc show lists the names)".into(),
+            );
+        }
+        let mut p = dev.cc.clone();
+        for kv in kvs.split_whitespace() {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{kv:?} is not NAME=VALUE"))?;
+            let v: u64 = match v {
+                "default" => rxe_core::CcParams::specs()
+                    .iter()
+                    .find(|s| s.name == k)
+                    .map(|s| u64::from(s.default))
+                    .ok_or_else(|| rxe_core::CcParamError::Unknown(k.to_string()).to_string())?,
+                _ => v.parse().map_err(|_| {
+                    format!("{k}={v}: the value is not a whole number (or \"default\")")
+                })?,
+            };
+            p.set(k, v).map_err(|e| e.to_string())?;
+        }
+        // Processes rebuild the set from the defaults in spec order: the
+        // result must pass that too (a floor above a lowered line rate
+        // would not).
+        let overrides = p.overrides();
+        rxe_core::CcParams::with_overrides(overrides.iter().map(|(k, v)| (*k, u64::from(*v))))
+            .map_err(|e| e.to_string())?;
+        self.devices[d].cc = p;
+        Ok(overrides
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "))
     }
 
     /// The devices hosted now: name and address.
@@ -1390,10 +1559,35 @@ mod tests {
 
     #[test]
     fn device_specs_parse_print_and_refuse_nonsense() {
-        for text in ["rxe0=10.0.0.1", "rxe1=::1/9000", "rxe2=netdev:eth0"] {
+        for text in [
+            "rxe0=10.0.0.1",
+            "rxe1=::1/9000",
+            "rxe2=netdev:eth0",
+            "rxe3=10.0.0.3,like=mlx5",
+            "rxe4=10.0.0.4/1500,like=mlx5",
+            "rxe5=netdev:eth1,like=mlx5",
+        ] {
             let s: DeviceSpec = text.parse().unwrap();
             assert_eq!(s.to_string(), text);
         }
+        let s: DeviceSpec = "rxe0=10.0.0.1".parse().unwrap();
+        assert_eq!(s.like, rxe_core::CcModel::RxeLike);
+        // like=rxe is the default, so it prints as before.
+        let s: DeviceSpec = "rxe0=10.0.0.1,like=rxe".parse().unwrap();
+        assert_eq!(
+            (s.like, s.to_string()),
+            (rxe_core::CcModel::RxeLike, "rxe0=10.0.0.1".into())
+        );
+        let s: DeviceSpec = "rxe0=netdev:lo,like=mlx5".parse().unwrap();
+        assert_eq!(s.like, rxe_core::CcModel::Mlx5Like);
+        assert!("rxe0=10.0.0.1,like=cx7"
+            .parse::<DeviceSpec>()
+            .unwrap_err()
+            .contains("expected rxe (kernel rxe) or mlx5"));
+        assert!("rxe0=10.0.0.1,speed=100"
+            .parse::<DeviceSpec>()
+            .unwrap_err()
+            .contains("unknown option"));
         let s: DeviceSpec = "rxe2=netdev:veth-a".parse().unwrap();
         assert_eq!(s.binding, Binding::Netdev("veth-a".into()));
         for bad in [

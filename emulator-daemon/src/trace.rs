@@ -75,9 +75,17 @@ pub fn run(
         let t = ns.saturating_sub(*t0.get_or_insert(ns)) as f64 / 1e9;
         match kind {
             "P" => {
+                // `dir src sport dst dport hex [tos]`: the IP TOS (DSCP and
+                // ECN) follows when it is not 0 (a ConnectX-like device's
+                // ECT and CE marks, a CNP's DSCP).
                 let f: Vec<&str> = rest.split(' ').collect();
-                let [dir, src, sport, dst, dport, hex] = f[..] else {
-                    continue;
+                let (dir, src, sport, dst, dport, hex, tos) = match f[..] {
+                    [dir, src, sport, dst, dport, hex] => (dir, src, sport, dst, dport, hex, 0),
+                    [dir, src, sport, dst, dport, hex, tos] => match tos.parse::<u8>() {
+                        Ok(tos) => (dir, src, sport, dst, dport, hex, tos),
+                        Err(_) => continue,
+                    },
+                    _ => continue,
                 };
                 let (Ok(src), Ok(sport), Ok(dst), Ok(dport), Some(payload)) = (
                     src.parse::<IpAddr>(),
@@ -93,12 +101,10 @@ pub fn run(
                 if dir == "r" && src == addr {
                     continue;
                 }
-                // The processes report the UDP payload only: the IP ECN
-                // codepoint is not known here.
                 let text = match crate::explain::describe(
                     &payload,
                     src,
-                    wire::Ecn::NotEct,
+                    wire::Ecn::from_tos(tos),
                     opts.explain,
                 ) {
                     Ok(t) => t,
@@ -118,7 +124,8 @@ pub fn run(
                         ipv4_id: 0,
                         ipv4_flags_frag: 0x4000,
                     };
-                    w.write_roce(ns as u64, &info, &payload)
+                    let frame = wire::frame::build_with_tos(&info, tos, &payload);
+                    w.write_frame(ns as u64, &frame)
                         .and_then(|_| w.flush())
                         .map_err(|e| format!("pcap: {e}"))?;
                 }

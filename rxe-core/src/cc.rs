@@ -49,6 +49,26 @@ pub enum CcModel {
     Mlx5Like,
 }
 
+impl CcModel {
+    /// The name a device is given on the command line (`--like rxe`,
+    /// `--like mlx5`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            CcModel::RxeLike => "rxe",
+            CcModel::Mlx5Like => "mlx5",
+        }
+    }
+
+    /// The model called `name` ([`CcModel::name`]).
+    pub fn from_name(name: &str) -> Option<CcModel> {
+        match name {
+            "rxe" => Some(CcModel::RxeLike),
+            "mlx5" => Some(CcModel::Mlx5Like),
+            _ => None,
+        }
+    }
+}
+
 /// Bytes a datagram occupies on an Ethernet link besides its UDP payload:
 /// Ethernet (14), IPv4 (20) and UDP (8) headers. Pacing and the
 /// simulator's bottleneck count packets this way (an IPv6 packet is 20
@@ -450,6 +470,32 @@ impl CcParams {
         };
         *field = v;
         Ok(())
+    }
+
+    /// The defaults with `overrides` set in the order given, each checked
+    /// as [`CcParams::set`] checks it. Give them in [`CcParams::specs`]
+    /// order ([`CcParams::overrides`] does): `line_rate_mbps` then comes
+    /// before `rpg_min_rate`, whose range depends on it.
+    pub fn with_overrides<'a>(
+        overrides: impl IntoIterator<Item = (&'a str, u64)>,
+    ) -> Result<CcParams, CcParamError> {
+        let mut p = CcParams::default();
+        for (name, value) in overrides {
+            p.set(name, value)?;
+        }
+        Ok(p)
+    }
+
+    /// The parameters that differ from their defaults, in
+    /// [`CcParams::specs`] order.
+    pub fn overrides(&self) -> Vec<(&'static str, u32)> {
+        SPECS
+            .iter()
+            .filter_map(|s| {
+                let v = self.get(s.name)?;
+                (v != s.default).then_some((s.name, v))
+            })
+            .collect()
     }
 
     /// Name/value pairs, in [`CcParams::specs`] order.
@@ -1042,6 +1088,32 @@ mod tests {
         let mut p = CcParams::default();
         p.set("line_rate_mbps", 10_000).unwrap();
         p
+    }
+
+    #[test]
+    fn models_have_names_and_overrides_replay_onto_the_defaults() {
+        for m in [CcModel::RxeLike, CcModel::Mlx5Like] {
+            assert_eq!(CcModel::from_name(m.name()), Some(m));
+        }
+        assert_eq!(CcModel::from_name("cx5"), None);
+        assert!(CcParams::default().overrides().is_empty());
+        let mut p = CcParams::default();
+        p.set("rpg_min_rate", 500).unwrap();
+        p.set("line_rate_mbps", 1000).unwrap();
+        p.set("rpg_ai_rate", 5).unwrap(); // the default: not an override
+        let o = p.overrides();
+        assert_eq!(o, vec![("line_rate_mbps", 1000), ("rpg_min_rate", 500)]);
+        let back = CcParams::with_overrides(o.iter().map(|(k, v)| (*k, u64::from(*v)))).unwrap();
+        assert_eq!(back, p);
+        // Checked in order: a floor above the line rate is refused.
+        let bad = [("line_rate_mbps", 100), ("rpg_min_rate", 500)];
+        assert!(matches!(
+            CcParams::with_overrides(bad),
+            Err(CcParamError::OutOfRange {
+                name: "rpg_min_rate",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -425,6 +425,13 @@ impl<M: Memory> Engine<M> {
         self.ctx.cfg.cc.params.set(name, value)
     }
 
+    /// Replace every congestion-control parameter at once (a driver that
+    /// was told the whole set, e.g. by `rxe-emu cc set`). Takes effect at
+    /// the next event of each QP, as [`Engine::set_cc_param`] does.
+    pub fn set_cc_params(&mut self, params: crate::cc::CcParams) {
+        self.ctx.cfg.cc.params = params;
+    }
+
     /// A QP's congestion state: its current and target rate, DCQCN's α
     /// and stages, and whether the pacer holds it back. `None` for an
     /// unknown QP.

@@ -164,25 +164,122 @@ impl Bottleneck {
         }
     }
 
+    /// Why this is not a queue a real device should model, if it is not:
+    /// a rate outside 1 Mb/s..=10 Tb/s, Kmin above Kmax, Pmax outside
+    /// 0..=1, a buffer smaller than one 1500-byte packet, or one that
+    /// would hold a datagram back longer than `max_hold` once full.
+    pub fn check(&self, max_hold: Duration) -> Result<(), String> {
+        if !(1..=10_000_000).contains(&self.rate_mbps) {
+            return Err(format!(
+                "queue rate {} Mb/s is outside 1..=10000000",
+                self.rate_mbps
+            ));
+        }
+        if self.kmin_bytes > self.kmax_bytes {
+            return Err(format!(
+                "queue Kmin {} bytes is above Kmax {} bytes",
+                self.kmin_bytes, self.kmax_bytes
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.pmax) {
+            return Err(format!(
+                "queue Pmax {} is not a probability in 0..=1",
+                self.pmax
+            ));
+        }
+        if self.buffer_bytes < 1500 {
+            return Err(format!(
+                "queue buffer {} bytes cannot hold one packet (at least 1500)",
+                self.buffer_bytes
+            ));
+        }
+        let hold = Duration::from_nanos(self.tx_ns(self.buffer_bytes));
+        if hold > max_hold {
+            return Err(format!(
+                "a full queue of {} bytes at {} Mb/s holds a datagram back {:.1} s (at most {:.1} s)",
+                self.buffer_bytes,
+                self.rate_mbps,
+                hold.as_secs_f64(),
+                max_hold.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+
     /// Nanoseconds to serialise `bytes`.
     fn tx_ns(&self, bytes: u64) -> u64 {
         (u128::from(bytes) * 8_000 / u128::from(self.rate_mbps.max(1))) as u64
     }
 }
 
-/// A bottleneck and its queue.
+/// What a [`BottleneckQueue`] did with a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueVerdict {
+    /// The buffer was full: the datagram is lost.
+    Dropped,
+    /// Queued: its last byte leaves the queue at `leaves`; `ce` says
+    /// whether RED marked it (only an ECN-capable datagram is marked).
+    Queued {
+        /// When the queue has served it.
+        leaves: Instant,
+        /// Marked Congestion Experienced.
+        ce: bool,
+    },
+}
+
+/// A [`Bottleneck`] and what it holds: a FIFO served at `rate_mbps`.
+/// Shared by the simulator and by the fault injection of real devices
+/// (`verbs-api`'s `--queue`), so the RED arithmetic exists once.
 #[derive(Debug, Clone)]
-struct Queue {
+pub struct BottleneckQueue {
     cfg: Bottleneck,
     /// When the last queued byte will have left.
     busy_until: Instant,
 }
 
-impl Queue {
+impl BottleneckQueue {
+    /// An empty queue.
+    pub fn new(cfg: Bottleneck) -> Self {
+        BottleneckQueue {
+            cfg,
+            busy_until: Instant::ZERO,
+        }
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &Bottleneck {
+        &self.cfg
+    }
+
     /// Bytes still queued at `now`.
-    fn backlog(&self, now: Instant) -> u64 {
+    pub fn backlog(&self, now: Instant) -> u64 {
         let ns = self.busy_until.0.saturating_sub(now.0);
         (u128::from(ns) * u128::from(self.cfg.rate_mbps) / 8_000) as u64
+    }
+
+    /// A datagram of `wire_bytes` (as [`crate::cc::WIRE_OVERHEAD`] counts
+    /// them) arrives at `now`: drop it if the buffer cannot hold it,
+    /// otherwise queue it behind what is there and, if it is ECN-capable
+    /// (`ect`), mark it CE with RED's probability for the queue it found
+    /// (drawn from `rng` only then).
+    pub fn offer(
+        &mut self,
+        now: Instant,
+        wire_bytes: u64,
+        ect: bool,
+        rng: &mut Rng,
+    ) -> QueueVerdict {
+        let queued = self.backlog(now);
+        if queued + wire_bytes > self.cfg.buffer_bytes {
+            return QueueVerdict::Dropped;
+        }
+        let p = self.cfg.mark_probability(queued);
+        let start = self.busy_until.max(now);
+        self.busy_until = Instant(start.0 + self.cfg.tx_ns(wire_bytes));
+        QueueVerdict::Queued {
+            leaves: self.busy_until,
+            ce: ect && rng.chance(p),
+        }
     }
 }
 
@@ -220,7 +317,7 @@ pub struct Network {
     /// Optional observer of every datagram put on the wire (before faults).
     tap: Option<Tap>,
     /// Bottleneck queues, by the node they feed.
-    queues: HashMap<usize, Queue>,
+    queues: HashMap<usize, BottleneckQueue>,
     /// Extra one-way delay of each node's access link.
     node_delay: HashMap<usize, Duration>,
 }
@@ -247,13 +344,7 @@ impl Network {
     /// it waits there (see [`Bottleneck`]). The link's delay is split
     /// around the queue, half before and half after.
     pub fn set_bottleneck(&mut self, node: usize, b: Bottleneck) {
-        self.queues.insert(
-            node,
-            Queue {
-                cfg: b,
-                busy_until: Instant::ZERO,
-            },
-        );
+        self.queues.insert(node, BottleneckQueue::new(b));
     }
 
     /// Bytes queued now at the bottleneck in front of `node` (0 without one).
@@ -477,16 +568,13 @@ impl Network {
             return;
         };
         let bytes = (f.payload.len() + crate::cc::WIRE_OVERHEAD) as u64;
-        let queued = q.backlog(now);
-        if queued + bytes > q.cfg.buffer_bytes {
+        let ect = crate::Ecn::from_bits(f.ecn).is_ect();
+        let QueueVerdict::Queued { leaves: done, ce } = q.offer(now, bytes, ect, &mut self.rng)
+        else {
             self.stats.queue_dropped += 1;
             return;
-        }
-        let p = q.cfg.mark_probability(queued);
-        let start = q.busy_until.max(now);
-        q.busy_until = Instant(start.0 + q.cfg.tx_ns(bytes));
-        let done = q.busy_until;
-        if crate::Ecn::from_bits(f.ecn).is_ect() && self.rng.chance(p) {
+        };
+        if ce {
             self.stats.ce_marked += 1;
             f.ecn = crate::Ecn::Ce.bits();
         }
@@ -996,5 +1084,98 @@ impl Dumbbell {
             t = next;
         }
         Ok(samples)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn red() -> Bottleneck {
+        // 8 Mb/s: one byte per microsecond.
+        Bottleneck {
+            rate_mbps: 8,
+            buffer_bytes: 10_000,
+            kmin_bytes: 1_000,
+            kmax_bytes: 3_000,
+            pmax: 0.5,
+        }
+    }
+
+    #[test]
+    fn a_bottleneck_queue_delays_by_what_is_ahead_marks_by_red_and_drops_when_full() {
+        let mut q = BottleneckQueue::new(red());
+        let mut rng = Rng::new(1);
+        let t0 = Instant::from_nanos(1_000_000);
+        let us = |n: u64| Instant::from_nanos(t0.as_nanos() + n * 1_000);
+        // Empty: served at once, leaves after its own 500 bytes (500 µs).
+        assert_eq!(
+            q.offer(t0, 500, true, &mut rng),
+            QueueVerdict::Queued {
+                leaves: us(500),
+                ce: false
+            }
+        );
+        assert_eq!(q.backlog(t0), 500);
+        assert_eq!(q.backlog(us(200)), 300);
+        // Below Kmin nothing is marked; above Kmax every ECT datagram is,
+        // and a Not-ECT one never.
+        for _ in 0..5 {
+            q.offer(t0, 1_000, false, &mut rng);
+        }
+        assert_eq!(q.backlog(t0), 5_500);
+        let QueueVerdict::Queued { leaves, ce } = q.offer(t0, 100, true, &mut rng) else {
+            panic!("room left");
+        };
+        assert!(ce);
+        assert_eq!(leaves, us(5_600));
+        let QueueVerdict::Queued { ce, .. } = q.offer(t0, 100, false, &mut rng) else {
+            panic!("room left");
+        };
+        assert!(!ce);
+        // 5 700 bytes queued: the buffer (10 000) takes 4 300 more, not 4 301.
+        assert_eq!(q.offer(t0, 4_301, true, &mut rng), QueueVerdict::Dropped);
+        assert!(matches!(
+            q.offer(t0, 4_300, true, &mut rng),
+            QueueVerdict::Queued { .. }
+        ));
+        // Between Kmin and Kmax: probability pmax * (q - kmin) / span.
+        assert_eq!(red().mark_probability(2_000), 0.25);
+        assert_eq!(red().mark_probability(1_000), 0.0);
+        assert_eq!(red().mark_probability(3_001), 1.0);
+        // Sanity of a configuration: a full buffer drains in 10 ms here.
+        let ms = Duration::from_millis(1);
+        assert_eq!(red().check(10 * ms), Ok(()));
+        assert!(red()
+            .check(ms)
+            .unwrap_err()
+            .contains("holds a datagram back"));
+        for bad in [
+            Bottleneck {
+                rate_mbps: 0,
+                ..red()
+            },
+            Bottleneck {
+                kmin_bytes: 4_000,
+                ..red()
+            },
+            Bottleneck { pmax: 1.5, ..red() },
+            Bottleneck {
+                buffer_bytes: 100,
+                ..red()
+            },
+        ] {
+            assert!(bad.check(Duration::from_secs(10)).is_err(), "{bad:?}");
+        }
+        // Once drained, it serves at once again.
+        let later = us(20_000);
+        assert_eq!(q.backlog(later), 0);
+        assert_eq!(
+            q.offer(later, 8, true, &mut rng),
+            QueueVerdict::Queued {
+                leaves: Instant::from_nanos(later.as_nanos() + 8_000),
+                ce: false
+            }
+        );
     }
 }

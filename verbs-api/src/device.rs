@@ -38,6 +38,19 @@ pub struct FaultConfig {
     /// later than the engine produced it, in order (a longer link). A delay
     /// longer than the QP's ACK timeout makes the requester retransmit.
     pub delay: Duration,
+    /// Probability an ECN-capable datagram (ECT(0) or ECT(1), as a
+    /// ConnectX-like device sends) is marked CE, as a congested switch
+    /// marks it. Not-ECT datagrams (a kernel-rxe-like device's) are left
+    /// alone, as a switch leaves them.
+    pub ce: f64,
+    /// A bottleneck link in front of the network: a queue served at the
+    /// bottleneck's rate that holds what this process sends faster, delays
+    /// each datagram by the queue ahead of it, marks ECN-capable ones CE
+    /// by queue depth (RED between Kmin and Kmax) and drops what does not
+    /// fit its buffer; the arithmetic is the simulator's
+    /// ([`rxe_core::sim::BottleneckQueue`]). Each process has its own
+    /// queue, shared by all of its QPs. `delay` is added after it.
+    pub queue: Option<rxe_core::sim::Bottleneck>,
 }
 
 /// The longest delay `FaultConfig::delay` accepts: far beyond any RoCE
@@ -45,14 +58,20 @@ pub struct FaultConfig {
 pub const MAX_FAULT_DELAY: Duration = Duration::from_secs(10);
 
 impl FaultConfig {
-    /// `drop=P dup=P reorder=P corrupt=P delay_ns=N seed=N` (probabilities
-    /// 0..=1; any subset): the form `rxe-emu fault` sends to each process.
+    /// `drop=P dup=P reorder=P corrupt=P ce=P delay_ns=N
+    /// queue=RATE_MBPS:KMIN:KMAX:PMAX:BUFFER seed=N` (probabilities 0..=1,
+    /// sizes in bytes; any subset): the form `rxe-emu fault` sends to each
+    /// process.
     pub fn parse(spec: &str) -> std::result::Result<FaultConfig, String> {
         let mut f = FaultConfig::default();
         for kv in spec.split_whitespace() {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| format!("fault: {kv:?} is not key=value"))?;
+            if k == "queue" {
+                f.queue = parse_queue(v)?;
+                continue;
+            }
             if k == "seed" {
                 f.seed = v.parse().map_err(|_| format!("fault: bad seed {v:?}"))?;
                 continue;
@@ -78,9 +97,10 @@ impl FaultConfig {
                 "dup" => f.duplicate = p,
                 "reorder" => f.reorder = p,
                 "corrupt" => f.corrupt = p,
+                "ce" => f.ce = p,
                 _ => {
                     return Err(format!(
-                        "fault: unknown key {k:?} (drop, dup, reorder, corrupt, delay_ns, seed)"
+                        "fault: unknown key {k:?} (drop, dup, reorder, corrupt, ce, delay_ns, queue, seed)"
                     ))
                 }
             }
@@ -94,8 +114,38 @@ impl FaultConfig {
             && self.duplicate == 0.0
             && self.reorder == 0.0
             && self.corrupt == 0.0
+            && self.ce == 0.0
             && self.delay.is_zero()
+            && self.queue.is_none()
     }
+}
+
+/// `queue=RATE_MBPS:KMIN:KMAX:PMAX:BUFFER` (or `off`). A buffer that
+/// would take longer than [`MAX_FAULT_DELAY`] to drain is refused.
+fn parse_queue(v: &str) -> std::result::Result<Option<rxe_core::sim::Bottleneck>, String> {
+    if v == "off" {
+        return Ok(None);
+    }
+    let bad = || {
+        format!(
+            "fault: queue={v} is not RATE_MBPS:KMIN:KMAX:PMAX:BUFFER (Mb/s, bytes, bytes, probability, bytes)"
+        )
+    };
+    let f: Vec<&str> = v.split(':').collect();
+    let [rate, kmin, kmax, pmax, buffer] = f[..] else {
+        return Err(bad());
+    };
+    let int = |x: &str| x.parse::<u64>().map_err(|_| bad());
+    let b = rxe_core::sim::Bottleneck {
+        rate_mbps: int(rate)?,
+        kmin_bytes: int(kmin)?,
+        kmax_bytes: int(kmax)?,
+        pmax: pmax.parse().map_err(|_| bad())?,
+        buffer_bytes: int(buffer)?,
+    };
+    b.check(MAX_FAULT_DELAY)
+        .map_err(|e| format!("fault: {e}"))?;
+    Ok(Some(b))
 }
 
 /// How to open a device.
@@ -110,6 +160,11 @@ pub struct DeviceConfig {
     pub netdev_mtu: u32,
     /// Fault injection (None: a faithful device).
     pub fault: Option<FaultConfig>,
+    /// Congestion behaviour: kernel rxe's (the default: Not-ECT, no CNPs)
+    /// or ConnectX's (`CcModel::Mlx5Like`: ECT(0) on the wire, the ECN
+    /// codepoint read from each received datagram, CNPs and DCQCN), with
+    /// its parameters.
+    pub cc: rxe_core::CcConfig,
 }
 
 impl DeviceConfig {
@@ -121,6 +176,7 @@ impl DeviceConfig {
             name: "rxe0".into(),
             netdev_mtu: if addr.is_loopback() { 65536 } else { 1500 },
             fault: None,
+            cc: rxe_core::CcConfig::default(),
         }
     }
 }
@@ -148,9 +204,12 @@ struct Faults {
     cfg: FaultConfig,
     rng: Rng,
     held: Option<Transmit>,
-    /// Datagrams waiting out `cfg.delay`, with the time each is due (in
-    /// order: the delay is the same for all).
+    /// Datagrams waiting out `cfg.delay` or the queue, with the time each
+    /// is due (in order: the delay is the same for all, and a FIFO queue
+    /// serves them in order).
     delayed: std::collections::VecDeque<(Instant, Transmit)>,
+    /// `cfg.queue`'s state.
+    queue: Option<rxe_core::sim::BottleneckQueue>,
 }
 
 impl Faults {
@@ -160,7 +219,13 @@ impl Faults {
             rng: Rng::new(cfg.seed),
             held: None,
             delayed: std::collections::VecDeque::new(),
+            queue: cfg.queue.map(rxe_core::sim::BottleneckQueue::new),
         }
+    }
+
+    /// Whether datagrams go through the `delayed` FIFO.
+    fn holds_back(&self) -> bool {
+        !self.cfg.delay.is_zero() || self.queue.is_some()
     }
 }
 
@@ -250,6 +315,15 @@ pub(crate) struct Inner {
     /// `rxe-emu stat`'s `sent_inbox_pkts` and `sent_udp_pkts`.
     sent_inbox: std::sync::atomic::AtomicU64,
     sent_udp: std::sync::atomic::AtomicU64,
+    /// The data socket reports each datagram's TOS (`IP_RECVTOS` /
+    /// `IPV6_RECVTCLASS`), so the engine sees its ECN codepoint: on a
+    /// ConnectX-like device only; a kernel-rxe-like one ignores marks and
+    /// keeps the cheaper `recv_from`.
+    recv_tos: bool,
+    /// Fault injection's marks and drops (`rxe-emu stat`'s
+    /// `fault_ce_marked` and `fault_queue_dropped`).
+    fault_ce: std::sync::atomic::AtomicU64,
+    fault_queue_drops: std::sync::atomic::AtomicU64,
 }
 
 /// How long the progress thread keeps looking at its inbox after the
@@ -322,7 +396,9 @@ fn registry() -> MutexGuard<'static, Registry> {
 ///
 /// - `daemon`: the device of the `rxe-emud` at `$RXE_EMU_SOCKET` (or the
 ///   user's default socket); an error if it is not running.
-/// - `inprocess`: an in-process device on `$RXE_EMU_ADDR`, or `fallback`.
+/// - `inprocess`: an in-process device on `$RXE_EMU_ADDR`, or `fallback`,
+///   kernel-rxe-like unless `$RXE_EMU_LIKE` is `mlx5` (ConnectX-like:
+///   ECN, CNPs and DCQCN; see [`DeviceConfig::cc`]).
 /// - unset (the default): the daemon's device if `rxe-emud` answers,
 ///   else in-process as above.
 pub fn open_device(name: &str, fallback: IpAddr) -> Result<Device> {
@@ -336,6 +412,7 @@ pub fn open_device(name: &str, fallback: IpAddr) -> Result<Device> {
         };
         let mut cfg = DeviceConfig::new(addr);
         cfg.name = name.to_string();
+        cfg.cc.model = like_from_env()?;
         Device::open(cfg)
     };
     match mode.as_str() {
@@ -352,6 +429,19 @@ pub fn open_device(name: &str, fallback: IpAddr) -> Result<Device> {
         m => Err(Error::Config(format!(
             "RXE_EMU_MODE={m:?}: expected daemon or inprocess"
         ))),
+    }
+}
+
+/// `RXE_EMU_LIKE`: `rxe` (or unset: kernel rxe's behaviour) or `mlx5`
+/// (ConnectX's ECN, CNPs and DCQCN), for in-process devices.
+pub fn like_from_env() -> Result<rxe_core::CcModel> {
+    match std::env::var("RXE_EMU_LIKE") {
+        Ok(v) if !v.is_empty() => rxe_core::CcModel::from_name(&v).ok_or_else(|| {
+            Error::Config(format!(
+                "RXE_EMU_LIKE={v:?}: expected rxe (kernel rxe) or mlx5 (ConnectX: ECN, CNPs, DCQCN)"
+            ))
+        }),
+        _ => Ok(rxe_core::CcModel::RxeLike),
     }
 }
 
@@ -545,6 +635,12 @@ impl Inner {
             let bit = f.rng.below(t.payload.len() as u64 * 8);
             t.payload[(bit / 8) as usize] ^= 1 << (bit % 8);
         }
+        // Drawn only for ECT datagrams, so a kernel-rxe-like device's
+        // faults are the same sequence with or without `ce`.
+        if t.ecn.is_ect() && f.rng.chance(f.cfg.ce) {
+            t.ecn = rxe_core::Ecn::Ce;
+            self.fault_ce.fetch_add(1, Ordering::Relaxed);
+        }
         let dup = f.rng.chance(f.cfg.duplicate);
         if f.rng.chance(f.cfg.reorder) && f.held.is_none() {
             f.held = Some(t);
@@ -556,12 +652,30 @@ impl Inner {
         }
         now_out.push(t);
         now_out.extend(f.held.take());
-        if !f.cfg.delay.is_zero() {
-            let due = self.now() + f.cfg.delay;
-            f.delayed.extend(now_out.into_iter().map(|t| (due, t)));
-            return;
+        if !f.holds_back() {
+            return out.extend(now_out);
         }
-        out.extend(now_out);
+        let now = self.now();
+        for mut t in now_out {
+            let mut due = now;
+            if let Some(q) = f.queue.as_mut() {
+                let bytes = (t.payload.len() + rxe_core::cc::WIRE_OVERHEAD) as u64;
+                match q.offer(now, bytes, t.ecn.is_ect(), &mut f.rng) {
+                    rxe_core::sim::QueueVerdict::Dropped => {
+                        self.fault_queue_drops.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    rxe_core::sim::QueueVerdict::Queued { leaves, ce } => {
+                        if ce {
+                            t.ecn = rxe_core::Ecn::Ce;
+                            self.fault_ce.fetch_add(1, Ordering::Relaxed);
+                        }
+                        due = leaves;
+                    }
+                }
+            }
+            f.delayed.push_back((due + f.cfg.delay, t));
+        }
     }
 
     /// Send the delayed datagrams whose time has come.
@@ -569,19 +683,15 @@ impl Inner {
         if !self.faults_on.load(Ordering::Acquire) {
             return;
         }
-        loop {
-            let now = self.now();
-            let t = {
-                let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(f) = faults.as_mut() else { return };
-                match f.delayed.front() {
-                    Some((due, _)) if *due <= now => f.delayed.pop_front().map(|(_, t)| t),
-                    _ => return,
-                }
-            };
-            if let Some(t) = t {
-                self.send(eng, t);
-            }
+        let now = self.now();
+        let due: Vec<Transmit> = {
+            let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(f) = faults.as_mut() else { return };
+            let n = f.delayed.iter().take_while(|(d, _)| *d <= now).count();
+            f.delayed.drain(..n).map(|(_, t)| t).collect()
+        };
+        if !due.is_empty() {
+            self.send_all(eng, due);
         }
     }
 
@@ -683,7 +793,11 @@ impl Inner {
             let mut k = i;
             while k < j {
                 let sent = match crate::sys::send_many(fd, &ts[k..j], |t| {
-                    (&t.payload[..], SocketAddr::new(t.info.dst, t.info.dst_port))
+                    (
+                        &t.payload[..],
+                        SocketAddr::new(t.info.dst, t.info.dst_port),
+                        t.ecn.tos(t.dscp),
+                    )
                 }) {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -736,7 +850,7 @@ impl Inner {
     /// A datagram left: the tracer sees it.
     fn note_sent(&self, t: &Transmit) {
         if self.tracing.load(Ordering::Relaxed) {
-            self.trace_packet('t', &t.info, &t.payload);
+            self.trace_packet('t', &t.info, &t.payload, t.ecn.tos(t.dscp));
         }
     }
 
@@ -789,16 +903,23 @@ impl Inner {
         self.to_daemon(&format!("{kind} {tag} {ns} {}\n", text.replace('\n', " ")));
     }
 
-    /// A datagram sent (`t`) or received (`r`), for the tracer.
-    fn trace_packet(&self, dir: char, info: &wire::icrc::IpUdpInfo, payload: &[u8]) {
+    /// A datagram sent (`t`) or received (`r`), for the tracer, with its
+    /// IP TOS (DSCP and ECN) after the payload when it is not 0 (never on
+    /// a kernel-rxe-like device).
+    fn trace_packet(&self, dir: char, info: &wire::icrc::IpUdpInfo, payload: &[u8], tos: u8) {
         let mut hex = String::with_capacity(payload.len() * 2);
         for b in payload {
             hex += &format!("{b:02x}");
         }
+        let tos = if tos == 0 {
+            String::new()
+        } else {
+            format!(" {tos}")
+        };
         self.trace_line(
             'P',
             &format!(
-                "{dir} {} {} {} {} {hex}",
+                "{dir} {} {} {} {} {hex}{tos}",
                 info.src, info.src_port, info.dst, info.dst_port
             ),
         );
@@ -922,7 +1043,7 @@ impl Inner {
                 ecn: rxe_core::Ecn::from_tos(p.tos),
             };
             if self.tracing.load(Ordering::Relaxed) {
-                self.trace_packet('r', &rx_info(&dg), dg.payload);
+                self.trace_packet('r', &rx_info(&dg), dg.payload, p.tos);
             }
             e.handle_datagram(self.now(), &dg);
             self.flush_with(e, app);
@@ -950,8 +1071,17 @@ impl Inner {
         app: bool,
         polled: Option<rxe_core::CqHandle>,
     ) -> bool {
+        // The device's own socket reports each datagram's TOS on a
+        // ConnectX-like device; multicast sockets never (packets delivered
+        // by multicast draw no CNP).
+        let with_tos = self.recv_tos && std::ptr::eq(sock, &self.socket);
         loop {
-            let (n, src) = match sock.recv_from(buf) {
+            let got = if with_tos {
+                crate::sys::recv_with_tos(sock.as_raw_fd(), buf)
+            } else {
+                sock.recv_from(buf).map(|(n, src)| (n, src, 0))
+            };
+            let (n, src, tos) = match got {
                 Ok(x) => x,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 // WouldBlock: nothing more. Other errors (ICMP reports on
@@ -965,14 +1095,14 @@ impl Inner {
                 dst_port: wire::ROCEV2_UDP_PORT,
                 ipv4_id: None,
                 payload: &buf[..n],
-                ecn: rxe_core::Ecn::NotEct,
+                ecn: rxe_core::Ecn::from_tos(tos),
             };
             if dst == self.cfg.addr {
                 self.udp_seen
                     .store(self.now().as_nanos().max(1), Ordering::Relaxed);
             }
             if self.tracing.load(Ordering::Relaxed) {
-                self.trace_packet('r', &rx_info(&dg), dg.payload);
+                self.trace_packet('r', &rx_info(&dg), dg.payload, tos);
             }
             e.handle_datagram(self.now(), &dg);
             // Send what it produced before reading more, so a burst of
@@ -1150,9 +1280,11 @@ impl Inner {
                 // Which way the datagrams went: this process's inbox path
                 // to the device's other processes, or UDP.
                 l += &format!(
-                    " sent_inbox_pkts={} sent_udp_pkts={}",
+                    " sent_inbox_pkts={} sent_udp_pkts={} fault_ce_marked={} fault_queue_dropped={}",
                     self.sent_inbox.load(Ordering::Relaxed),
-                    self.sent_udp.load(Ordering::Relaxed)
+                    self.sent_udp.load(Ordering::Relaxed),
+                    self.fault_ce.load(Ordering::Relaxed),
+                    self.fault_queue_drops.load(Ordering::Relaxed)
                 );
                 out.push(l);
                 for q in e.qp_summaries() {
@@ -1164,9 +1296,21 @@ impl Inner {
                 }
             }
             "QPS" => {
-                for q in self.lock().qp_summaries() {
+                let e = self.lock();
+                let mlx5 = e.cc_config().model == rxe_core::CcModel::Mlx5Like;
+                for q in e.qp_summaries() {
+                    // A ConnectX-like device's DCQCN state of the QP.
+                    let cc = e.qp_cc(q.qpn).filter(|_| mlx5).map_or(String::new(), |c| {
+                        format!(
+                            " rate_mbps={:.3} target_mbps={:.3} alpha={:.3} dcqcn={}",
+                            c.current_rate_bps as f64 / 1e6,
+                            c.target_rate_bps as f64 / 1e6,
+                            f64::from(c.alpha) / 1024.0,
+                            if c.reacting { "reacting" } else { "idle" }
+                        )
+                    });
                     out.push(format!(
-                        "pid={} qpn={:#x} type={:?} state={:?} dqpn={:#x} peer={} sq_psn={:#x} unacked_psn={:#x} rq_psn={:#x} send_wrs={} recv_wrs={}{}",
+                        "pid={} qpn={:#x} type={:?} state={:?} dqpn={:#x} peer={} sq_psn={:#x} unacked_psn={:#x} rq_psn={:#x} send_wrs={} recv_wrs={}{cc}{}",
                         std::process::id(),
                         q.qpn,
                         q.qp_type,
@@ -1180,6 +1324,32 @@ impl Inner {
                         q.recv_wrs,
                         q.error.map_or(String::new(), |e| format!(" error={e}"))
                     ));
+                }
+            }
+            "CC" => {
+                // The device's whole parameter set: the defaults with
+                // these `name=value` overrides, in order.
+                let parsed: std::result::Result<Vec<(&str, u64)>, String> = rest
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .map(|kv| {
+                        let (k, v) = kv
+                            .split_once('=')
+                            .ok_or_else(|| format!("cc: {kv:?} is not name=value"))?;
+                        let v = v
+                            .parse()
+                            .map_err(|_| format!("cc: {k}={v} is not a number"))?;
+                        Ok((k, v))
+                    })
+                    .collect();
+                match parsed.and_then(|o| {
+                    rxe_core::CcParams::with_overrides(o).map_err(|e| format!("cc: {e}"))
+                }) {
+                    Ok(p) => {
+                        self.lock().set_cc_params(p);
+                        out.push("OK".into());
+                    }
+                    Err(e) => out.push(format!("ERR {e}")),
                 }
             }
             "TRACE" => {
@@ -1197,10 +1367,11 @@ impl Inner {
                         let mut new = (!f.is_off()).then(|| Faults::new(f));
                         let mut old = faults.take();
                         // Datagrams already delayed keep their due time
-                        // under a new delay, and leave now without one: a
-                        // change of faults loses nothing by itself.
+                        // under a new delay or queue, and leave now
+                        // without one: a change of faults loses nothing by
+                        // itself.
                         if let (Some(n), Some(o)) = (new.as_mut(), old.as_mut()) {
-                            if !n.cfg.delay.is_zero() {
+                            if n.holds_back() {
                                 n.delayed = std::mem::take(&mut o.delayed);
                             }
                         }
@@ -1432,11 +1603,21 @@ impl Device {
         let path = socket.map_or_else(emulator_daemon::default_socket_path, |p| p.to_path_buf());
         let o = emulator_daemon::client::open(&path, name).map_err(Error::Io)?;
         let info = o.info;
+        let params = rxe_core::CcParams::with_overrides(
+            info.cc_params
+                .iter()
+                .map(|(k, v)| (k.as_str(), u64::from(*v))),
+        )
+        .map_err(|e| Error::Config(format!("rxe-emud's parameters for {}: {e}", info.name)))?;
         let cfg = DeviceConfig {
             addr: info.addr,
             name: info.name.clone(),
             netdev_mtu: info.netdev_mtu,
             fault: None,
+            cc: rxe_core::CcConfig {
+                model: info.cc_model,
+                params,
+            },
         };
         let mtu = Mtu::for_netdev_mtu(cfg.netdev_mtu).ok_or_else(|| {
             Error::Config(format!(
@@ -1501,6 +1682,19 @@ impl Device {
             .map_err(|e| Error::Io(e.to_string()))?;
         ecfg.gids = gid_table(cfg.addr);
         ecfg.port_mtu = mtu;
+        ecfg.cc = cfg.cc.clone();
+        // A ConnectX-like device reads the ECN codepoint of what it
+        // receives; a kernel-rxe-like one ignores it (and keeps recv_from).
+        let recv_tos = cfg.cc.model == rxe_core::CcModel::Mlx5Like;
+        if recv_tos {
+            let s = socket2::SockRef::from(&socket);
+            let r = if cfg.addr.is_ipv6() {
+                s.set_recv_tclass_v6(true)
+            } else {
+                s.set_recv_tos_v4(true)
+            };
+            r.map_err(|e| Error::Io(format!("IP_RECVTOS on the device's socket: {e}")))?;
+        }
         let faults = cfg.fault.map(Faults::new);
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg, HostMemory::default())),
@@ -1537,6 +1731,9 @@ impl Device {
             last_app_post: std::sync::atomic::AtomicU64::new(0),
             sent_inbox: std::sync::atomic::AtomicU64::new(0),
             sent_udp: std::sync::atomic::AtomicU64::new(0),
+            recv_tos,
+            fault_ce: std::sync::atomic::AtomicU64::new(0),
+            fault_queue_drops: std::sync::atomic::AtomicU64::new(0),
         });
         let worker = inner.clone();
         let handle = std::thread::Builder::new()
@@ -1620,6 +1817,21 @@ impl Device {
     pub fn counters(&self) -> rxe_core::Counters {
         self.inner.lock().counters().clone()
     }
+
+    /// The device's congestion behaviour (kernel rxe's or ConnectX's) and
+    /// its parameters now.
+    pub fn cc_config(&self) -> rxe_core::CcConfig {
+        self.inner.lock().cc_config().clone()
+    }
+
+    /// Set one congestion-control parameter (an mlx5 name, e.g.
+    /// `rpg_ai_rate`); an unknown name or an out-of-range value is refused.
+    pub fn set_cc_param(&self, name: &str, value: u64) -> Result<()> {
+        self.inner
+            .lock()
+            .set_cc_param(name, value)
+            .map_err(|e| Error::Config(e.to_string()))
+    }
 }
 
 /// A receive buffer of this thread, big enough for any UDP datagram;
@@ -1629,4 +1841,38 @@ pub(crate) fn with_rx_buf<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
         static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 65536]);
     }
     BUF.with(|b| f(&mut b.borrow_mut()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_specs_with_ce_and_a_queue_parse_and_nonsense_is_refused() {
+        let f = FaultConfig::parse("ce=0.05 queue=10000:40000:160000:0.2:640000 seed=7").unwrap();
+        assert_eq!(f.ce, 0.05);
+        assert_eq!(
+            f.queue,
+            Some(rxe_core::sim::Bottleneck {
+                rate_mbps: 10_000,
+                buffer_bytes: 640_000,
+                kmin_bytes: 40_000,
+                kmax_bytes: 160_000,
+                pmax: 0.2,
+            })
+        );
+        assert!(!f.is_off());
+        assert!(FaultConfig::parse("ce=0 queue=off").unwrap().is_off());
+        for (bad, why) in [
+            ("ce=2", "ce=2 is not a probability"),
+            ("queue=10", "is not RATE_MBPS:KMIN:KMAX:PMAX:BUFFER"),
+            ("queue=0:1:2:0.1:2000", "queue rate 0 Mb/s"),
+            ("queue=10:1:2:1.5:2000", "Pmax 1.5"),
+            ("queue=1:1:2:0.1:10000000", "holds a datagram back 80.0 s"),
+            ("mark=1", "unknown key \"mark\""),
+        ] {
+            let e = FaultConfig::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 }

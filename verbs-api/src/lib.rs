@@ -69,7 +69,7 @@ mod objects;
 mod sys;
 
 pub use device::{
-    device_list, gid_table, open_device, Device, DeviceConfig, FaultConfig, PortAttr,
+    device_list, gid_table, like_from_env, open_device, Device, DeviceConfig, FaultConfig, PortAttr,
 };
 pub use hostmem::HostMemory;
 pub use objects::{
@@ -77,9 +77,9 @@ pub use objects::{
     ProtectionDomain, QueuePair, SharedReceiveQueue, XrcDomain,
 };
 pub use rxe_core::{
-    AccessFlags, AhAttr, AsyncEvent, AsyncEventKind, Counters, Mtu, MwBindInfo, QpAttr, QpAttrMask,
-    QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, UdDest, WcFlags,
-    WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, AsyncEvent, AsyncEventKind, CcConfig, CcModel, CcParams, Counters, Mtu,
+    MwBindInfo, QpAttr, QpAttrMask, QpCap, QpCcState, QpState, QpType, RecvWr, SendFlags, SendOp,
+    SendWr, Sge, SrqAttr, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use std::fmt;

@@ -796,6 +796,14 @@ impl QueuePair {
             .unwrap_or(QpState::Err)
     }
 
+    /// This QP's congestion state on a ConnectX-like device (DCQCN's
+    /// current and target rate, α, whether the pacer holds it back); on a
+    /// kernel-rxe-like device the QP is never paced and this stays at the
+    /// line rate.
+    pub fn cc_state(&self) -> Option<rxe_core::QpCcState> {
+        self.dev.inner.lock().qp_cc(self.qpn)
+    }
+
     /// This QP's share of the device's protocol counters (kernel rxe's
     /// names): the packets it sent and accepted and the events it caused.
     pub fn counters(&self) -> rxe_core::Counters {

@@ -1,6 +1,8 @@
 //! System calls std does not wrap: waiting on several fds with a
-//! sub-millisecond timeout, IP_MTU_DISCOVER, and finding an address's
-//! interface index.
+//! sub-millisecond timeout, IP_MTU_DISCOVER, finding an address's
+//! interface index, and datagrams with their IP TOS / traffic class
+//! (`sendmmsg` with an `IP_TOS`/`IPV6_TCLASS` control message, `recvmsg`
+//! reading the one `IP_RECVTOS`/`IPV6_RECVTCLASS` asks for).
 
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -61,35 +63,63 @@ pub(crate) fn set_timer_slack_1ns() {
     }
 }
 
+/// Bytes of control data that one `IP_TOS` / `IPV6_TCLASS` message (an
+/// int) takes, padded as the kernel walks them.
+fn tos_cmsg_space() -> usize {
+    // SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
+    unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as libc::c_uint) as usize }
+}
+
 /// Send `items` on the UDP socket `fd`, in order, each as the datagram
-/// `msg` makes of it (payload, destination), in as few `sendmmsg` calls
-/// as it takes. Returns how many were sent: all of them, or fewer when
-/// the kernel refused the next one (its error is then the caller's to
-/// count; an error on the very first is returned). The message headers
-/// live in per-thread buffers that are reused, so a call allocates only
-/// while a thread's largest batch grows.
+/// `msg` makes of it (payload, destination, IP TOS / traffic class), in as
+/// few `sendmmsg` calls as it takes. A datagram whose TOS is not 0 carries
+/// it in an `IP_TOS` (IPv4) or `IPV6_TCLASS` (IPv6) control message, so
+/// its DSCP and ECN bits reach the wire; one with TOS 0 has no control
+/// data at all (the socket's own TOS, 0, applies: what kernel rxe sends).
+/// Returns how many were sent: all of them, or fewer when the kernel
+/// refused the next one (its error is then the caller's to count; an error
+/// on the very first is returned). The message headers live in per-thread
+/// buffers that are reused, so a call allocates only while a thread's
+/// largest batch grows.
 pub(crate) fn send_many<T>(
     fd: RawFd,
     items: &[T],
-    msg: impl Fn(&T) -> (&[u8], std::net::SocketAddr),
+    msg: impl Fn(&T) -> (&[u8], std::net::SocketAddr, u8),
 ) -> std::io::Result<usize> {
+    type Scratch = (
+        Vec<socket2::SockAddr>,
+        Vec<libc::iovec>,
+        Vec<libc::mmsghdr>,
+        Vec<u8>,
+        Vec<u64>,
+    );
     thread_local! {
-        static SCRATCH: std::cell::RefCell<(Vec<socket2::SockAddr>, Vec<libc::iovec>, Vec<libc::mmsghdr>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+        static SCRATCH: std::cell::RefCell<Scratch> = const {
+            std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()))
+        };
     }
     SCRATCH.with(|s| {
-        let (addrs, iov, hdrs) = &mut *s.borrow_mut();
+        let (addrs, iov, hdrs, toses, ctrl) = &mut *s.borrow_mut();
         addrs.clear();
         iov.clear();
         hdrs.clear();
+        toses.clear();
+        ctrl.clear();
         for it in items {
-            let (payload, dst) = msg(it);
+            let (payload, dst, tos) = msg(it);
             addrs.push(dst.into());
             iov.push(libc::iovec {
                 iov_base: payload.as_ptr() as *mut libc::c_void,
                 iov_len: payload.len(),
             });
+            toses.push(tos);
         }
+        // Control data: `words` u64s (cmsghdr's alignment) per datagram
+        // with a TOS, allocated first so no pointer into `ctrl` moves.
+        let space = tos_cmsg_space();
+        let words = space.div_ceil(8);
+        ctrl.resize(toses.iter().filter(|t| **t != 0).count() * words, 0);
+        let mut tos_items = 0;
         for k in 0..items.len() {
             // SAFETY: an all-zero mmsghdr is a valid value (null pointers,
             // zero lengths); the fields used are set just below.
@@ -98,6 +128,36 @@ pub(crate) fn send_many<T>(
             h.msg_hdr.msg_namelen = addrs[k].len();
             h.msg_hdr.msg_iov = &mut iov[k];
             h.msg_hdr.msg_iovlen = 1;
+            let tos = toses[k];
+            if tos != 0 {
+                let v6 = addrs[k].is_ipv6();
+                let buf = &mut ctrl[tos_items * words..(tos_items + 1) * words];
+                tos_items += 1;
+                h.msg_hdr.msg_control = buf.as_mut_ptr() as *mut libc::c_void;
+                h.msg_hdr.msg_controllen = space as _;
+                let (level, kind) = if v6 {
+                    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+                } else {
+                    (libc::IPPROTO_IP, libc::IP_TOS)
+                };
+                // SAFETY: `msg_control` points at `space` zeroed bytes of
+                // `buf`, aligned for cmsghdr (u64) and large enough for
+                // one header and an int (CMSG_SPACE), so CMSG_FIRSTHDR
+                // returns a pointer to the start of `buf` and CMSG_DATA
+                // one inside it with room for the int; both are written
+                // through once, unaligned-safe for the int.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                    (*c).cmsg_level = level;
+                    (*c).cmsg_type = kind;
+                    (*c).cmsg_len =
+                        libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as libc::c_uint) as _;
+                    std::ptr::write_unaligned(
+                        libc::CMSG_DATA(c) as *mut libc::c_int,
+                        libc::c_int::from(tos),
+                    );
+                }
+            }
             hdrs.push(h);
         }
         let mut done = 0;
@@ -106,7 +166,8 @@ pub(crate) fn send_many<T>(
             let n = (hdrs.len() - done).min(1024) as libc::c_uint; // UIO_MAXIOV
                                                                    // SAFETY: `hdrs[done..]` holds at least `n` initialised mmsghdr
                                                                    // structs; each points at one iovec of `iov` (the payloads of
-                                                                   // `items`, borrowed for this call) and one address of `addrs`,
+                                                                   // `items`, borrowed for this call), one address of `addrs` and
+                                                                   // either no control data or one control message in `ctrl`,
                                                                    // none of which moves or is freed before the call returns; the
                                                                    // kernel only reads them, and writes `msg_len`.
             let r = unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), n, 0) };
@@ -129,6 +190,71 @@ pub(crate) fn send_many<T>(
         hdrs.clear();
         first_err.map_or(Ok(done), Err)
     })
+}
+
+/// Receive one datagram from the UDP socket `fd` (non-blocking) into
+/// `buf`, with its sender and the TOS / traffic-class byte of its IP
+/// header. The socket must have `IP_RECVTOS` (IPv4) or `IPV6_RECVTCLASS`
+/// (IPv6) set; without the control message the TOS reads as 0.
+pub(crate) fn recv_with_tos(
+    fd: RawFd,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, std::net::SocketAddr, u8)> {
+    let mut ctrl = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut tos = 0u8;
+    // SAFETY: `try_init` hands us a zeroed sockaddr storage and its length
+    // to fill. The msghdr points at that storage, at one iovec over `buf`
+    // (exclusively borrowed, `buf.len()` bytes) and at `ctrl` (64 bytes,
+    // aligned for cmsghdr), all alive for the call; recvmsg writes at most
+    // those lengths and sets `msg_controllen` to what it wrote. The
+    // control messages are then walked with CMSG_FIRSTHDR/CMSG_NXTHDR,
+    // which stay within `msg_controllen`, and each data byte read lies
+    // inside the message the kernel wrote (its cmsg_len is checked).
+    let (n, from) = unsafe {
+        socket2::SockAddr::try_init(|addr, len| {
+            let mut h: libc::msghdr = std::mem::zeroed();
+            h.msg_name = addr as *mut libc::c_void;
+            h.msg_namelen = *len;
+            h.msg_iov = &mut iov;
+            h.msg_iovlen = 1;
+            h.msg_control = ctrl.as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = std::mem::size_of_val(&ctrl) as _;
+            let r = libc::recvmsg(fd, &mut h, 0);
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            *len = h.msg_namelen;
+            let mut c = libc::CMSG_FIRSTHDR(&h);
+            while !c.is_null() {
+                let data_len = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                match ((*c).cmsg_level, (*c).cmsg_type) {
+                    (libc::IPPROTO_IP, libc::IP_TOS) if data_len >= 1 => {
+                        tos = *libc::CMSG_DATA(c);
+                    }
+                    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+                        if data_len >= std::mem::size_of::<libc::c_int>() =>
+                    {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                        tos = v as u8;
+                    }
+                    _ => {}
+                }
+                c = libc::CMSG_NXTHDR(&h, c);
+            }
+            Ok(r as usize)
+        })?
+    };
+    let from = from.as_socket().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "recvmsg: a sender that is not an IP address",
+        )
+    })?;
+    Ok((n, from, tos))
 }
 
 /// Set IP_MTU_DISCOVER to IP_PMTUDISC_DO on an IPv4 socket: every datagram
@@ -235,7 +361,7 @@ mod tests {
         let msgs: Vec<(usize, &Vec<u8>)> = payloads.iter().enumerate().collect();
         use std::os::fd::AsRawFd;
         let sent = super::send_many(a.as_raw_fd(), &msgs, |(i, p)| {
-            (p.as_slice(), if i % 3 == 0 { dc } else { db })
+            (p.as_slice(), if i % 3 == 0 { dc } else { db }, 0)
         });
         assert_eq!(sent.unwrap(), 1500);
         let mut buf = [0u8; 256];

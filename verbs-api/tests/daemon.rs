@@ -978,22 +978,7 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
     let a = side(d.open(), QpType::Rc);
     let b = side(d.open(), QpType::Rc);
     let pcap = d.path.with_file_name("trace.pcap");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (path, pcap2) = (d.path.clone(), pcap.clone());
-    let tracer = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let w = wire::pcap::PcapWriter::new(std::fs::File::create(&pcap2).unwrap()).unwrap();
-        let opts = emulator_daemon::trace::TraceOptions {
-            explain: true,
-            count: Some(4),
-        };
-        let n = emulator_daemon::trace::run(&path, "rxe0", &opts, Some(w), &mut out, || {
-            tx.send(()).unwrap()
-        })
-        .unwrap();
-        (n, String::from_utf8(out).unwrap())
-    });
-    rx.recv_timeout(WAIT).unwrap();
+    let tracer = explained_trace(&d.path, &pcap, 4);
     // The daemon sent "TRACE on" to both processes before this STAT, on
     // the same connections: once they have answered, they are tracing.
     let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
@@ -1040,6 +1025,29 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
             "tshark is not installed; CI must install it"
         ),
     }
+}
+
+/// `rxe-emu trace --explain --pcap PCAP rxe0` for `count` packets, in a
+/// thread; returns once it is tracing. The thread's result is the number
+/// of packets shown and what it printed.
+fn explained_trace(path: &Path, pcap: &Path, count: usize) -> JoinHandle<(usize, String)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (path, pcap) = (path.to_path_buf(), pcap.to_path_buf());
+    let tracer = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let w = wire::pcap::PcapWriter::new(std::fs::File::create(&pcap).unwrap()).unwrap();
+        let opts = emulator_daemon::trace::TraceOptions {
+            explain: true,
+            count: Some(count),
+        };
+        let n = emulator_daemon::trace::run(&path, "rxe0", &opts, Some(w), &mut out, || {
+            tx.send(()).unwrap()
+        })
+        .unwrap();
+        (n, String::from_utf8(out).unwrap())
+    });
+    rx.recv_timeout(WAIT).unwrap();
+    tracer
 }
 
 /// A burst of traffic while traced sends the daemon many trace lines at
@@ -1207,4 +1215,397 @@ fn a_completion_channel_on_a_daemon_device_wakes_epoll() {
         );
         assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
     }
+}
+
+/// The IPv4-mapped GID of `ip`.
+fn gid_of(ip: [u8; 4]) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&ip);
+    g
+}
+
+/// `n` SENDs of 1 KiB from `a` to `b`, one at a time; every one succeeds.
+fn send_each(a: &Side, b: &Side, n: u64) {
+    let mut src = vec![3u8; 1024];
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 1024];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    for i in 0..n {
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![bmr.sge(0, 1024)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(i, SendOp::Send, vec![amr.sge(0, 1024)]))
+            .unwrap();
+        assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+        assert_eq!(b.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+    }
+}
+
+/// Two devices of one daemon (so every datagram between them goes by UDP
+/// through the host's stack, with its IP TOS), `like` each; a QP on each,
+/// connected; `rxe-emu fault rxe0 --ce 100%`; 20 SENDs from rxe0 to rxe1.
+/// Returns the daemon, both sides and rxe1's STAT after the SENDs.
+fn ce_marked_sends(tag: &str, ips: [[u8; 4]; 2], like: &str) -> (Daemon, Side, Side, String) {
+    let ip = |i: [u8; 4]| format!("{}.{}.{}.{}", i[0], i[1], i[2], i[3]);
+    let d = Daemon::start(tag, &format!("rxe0={}{like}", ip(ips[0])), 4);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let added = ask(&format!("LINK ADD rxe1={}{like}", ip(ips[1])));
+    assert!(added.starts_with("OK link rxe1/1"), "{added}");
+    let a = side(d.open(), QpType::Rc);
+    let b = side(
+        Device::open_daemon("rxe1", Some(&d.path)).unwrap(),
+        QpType::Rc,
+    );
+    assert_eq!(b.dev.gid(), gid_of(ips[1]));
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    if like.contains("mlx5") {
+        // No rate increase during the test (the timer's period is 1 s, the
+        // byte counter is off), so what DCQCN cut stays cut.
+        let f = ask("CC SET rxe0 rpg_time_reset=1000000 rpg_byte_reset=0");
+        assert!(f.contains("1 of 1 processes applied it"), "{f}");
+    }
+    let f = ask("FAULT rxe0 ce=1 seed=4");
+    assert!(f.contains("1 of 1 processes applied it"), "{f}");
+    send_each(&a, &b, 20);
+    let stat = ask("STAT rxe1");
+    (d, a, b, stat)
+}
+
+#[test]
+fn a_connectx_like_device_answers_ce_marks_with_cnps_and_dcqcn_slows_the_sender() {
+    let line = 100_000 * 1_000_000u64; // the default line rate, bit/s
+    let (d, a, b, stat1) = ce_marked_sends("cnp", [[127, 0, 25, 1], [127, 0, 25, 2]], ",like=mlx5");
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let show = ask("LINK SHOW");
+    assert!(show.lines().all(|l| l.contains(" like mlx5 ")), "{show}");
+    // Every SEND left ECT(0), was marked CE on the way, and arrived so by
+    // UDP (IP_RECVTOS): the receiver counted each and answered with CNPs
+    // (at most one per 4 µs per QP), which the sender handled.
+    let (ca, cb) = (a.dev.counters(), b.dev.counters());
+    assert!(cb.np_ecn_marked_roce_packets >= 20, "{cb:?}");
+    assert!(cb.np_cnp_sent >= 1, "{cb:?}");
+    assert!(
+        ca.rp_cnp_handled >= 1 && ca.rp_cnp_handled <= cb.np_cnp_sent,
+        "{ca:?} {cb:?}"
+    );
+    assert_eq!(ca.rp_cnp_ignored, 0, "{ca:?}");
+    // The same numbers through `rxe-emu stat` (the daemon asks the
+    // processes), and fault injection says what it marked.
+    assert_eq!(
+        stat_value(&stat1, "np_ecn_marked_roce_packets"),
+        cb.np_ecn_marked_roce_packets
+            .min(stat_value(&stat1, "np_ecn_marked_roce_packets")),
+        "{stat1}"
+    );
+    assert!(stat_value(&stat1, "np_cnp_sent") >= 1, "{stat1}");
+    let stat0 = ask("STAT rxe0");
+    assert!(stat_value(&stat0, "rp_cnp_handled") >= 1, "{stat0}");
+    assert!(stat_value(&stat0, "fault_ce_marked") >= 20, "{stat0}");
+    // DCQCN cut the sender's rate: the first CNP leaves it at the line
+    // rate, each later one cuts it at the next decrease check (by α/2;
+    // α decays between the sparse CNPs of one SEND at a time, so the cuts
+    // are small), and with the increase timer and byte counter off
+    // nothing raises it again.
+    let cc = a.qp.cc_state().unwrap();
+    assert!(cc.reacting, "{cc:?}");
+    assert!(cc.current_rate_bps < line, "{cc:?}");
+    assert_eq!(cc.target_rate_bps, line, "{cc:?}");
+    assert_eq!((cc.timer_stage, cc.byte_stage), (0, 0), "{cc:?}");
+    // `rxe-emu qp show` shows it too, for a ConnectX-like device.
+    let qps = ask("QPS rxe0");
+    let l = qps
+        .lines()
+        .find(|l| l.contains(&format!("qpn {:#x} ", a.qp.qpn())))
+        .unwrap_or_else(|| panic!("{qps}"));
+    let rate: f64 = l
+        .split_whitespace()
+        .skip_while(|w| *w != "rate_mbps")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no rate_mbps in {l}"));
+    assert!(rate < 100_000.0, "{l}");
+    assert!(
+        l.contains("dcqcn reacting") && l.contains("target_mbps "),
+        "{l}"
+    );
+    // The receiver sent CNPs but was never marked itself: it is not paced.
+    assert!(!b.qp.cc_state().unwrap().reacting);
+}
+
+#[test]
+fn a_kernel_rxe_like_device_ignores_the_same_marking() {
+    let (d, a, b, stat1) = ce_marked_sends("nocnp", [[127, 0, 25, 3], [127, 0, 25, 4]], "");
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    // Its packets leave Not-ECT, so `--ce` marks none (a switch marks only
+    // ECN-capable packets): no CE, no CNP, no change of rate.
+    let (ca, cb) = (a.dev.counters(), b.dev.counters());
+    for c in [&ca, &cb] {
+        assert_eq!(
+            (
+                c.np_ecn_marked_roce_packets,
+                c.np_cnp_sent,
+                c.rp_cnp_handled,
+                c.rp_cnp_ignored
+            ),
+            (0, 0, 0, 0),
+            "{c:?}"
+        );
+    }
+    assert_eq!(stat_value(&stat1, "np_cnp_sent"), 0, "{stat1}");
+    assert_eq!(stat_value(&ask("STAT rxe0"), "fault_ce_marked"), 0);
+    let cc = a.qp.cc_state().unwrap();
+    assert!(!cc.reacting && cc.paced_until.is_none(), "{cc:?}");
+    // No DCQCN columns in `qp show`, and nothing to set.
+    let qps = ask("QPS rxe0");
+    assert!(!qps.contains("rate_mbps"), "{qps}");
+    assert!(ask("LINK SHOW rxe0").contains(" like rxe "));
+    let refused = ask("CC SET rxe0 rpg_ai_rate=10");
+    assert!(
+        refused.starts_with("ERR device rxe0 is kernel-rxe-like"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn cc_set_reaches_every_process_and_later_ones_and_refuses_nonsense() {
+    let d = Daemon::start("ccset", "rxe0=127.0.25.5,like=mlx5", 8);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let (a, b) = (d.open(), d.open());
+    for dev in [&a, &b] {
+        assert_eq!(dev.cc_config().model, verbs_api::CcModel::Mlx5Like);
+        assert_eq!(dev.cc_config().params, verbs_api::CcParams::default());
+    }
+    let show = ask("CC SHOW rxe0");
+    assert!(show.starts_with("link rxe0/1 like mlx5"), "{show}");
+    for spec in verbs_api::CcParams::specs() {
+        let l = show
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(spec.name))
+            .unwrap_or_else(|| panic!("{} missing: {show}", spec.name));
+        assert!(l.contains(spec.what), "{l}");
+    }
+    let f = ask("CC SET rxe0 rpg_ai_rate=10 min_time_between_cnps=8");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    assert!(f.contains("min_time_between_cnps=8 rpg_ai_rate=10"), "{f}");
+    for dev in [&a, &b] {
+        let p = dev.cc_config().params;
+        assert_eq!((p.rpg_ai_rate, p.min_time_between_cnps), (10, 8));
+    }
+    // A process that opens the device later gets them with its slot.
+    let c = d.open();
+    assert_eq!(c.cc_config().params.rpg_ai_rate, 10);
+    let show = ask("CC SHOW rxe0");
+    let l = show
+        .lines()
+        .find(|l| l.starts_with("rpg_ai_rate "))
+        .unwrap();
+    assert!(l.contains(" 10 ") && l.ends_with("(set)"), "{l}");
+    // Refused, and nothing of a refused request is applied.
+    for (bad, why) in [
+        (
+            "bogus=1",
+            "no congestion-control parameter is called \"bogus\"",
+        ),
+        ("rpg_ai_rate=20 rpg_gd=99", "rpg_gd = 99 is outside 0..=31"),
+        ("rpg_ai_rate=x", "not a whole number"),
+        ("rpg_ai_rate", "is not NAME=VALUE"),
+        ("", "cc set needs NAME=VALUE"),
+        (
+            "line_rate_mbps=1000 rpg_min_rate=2000",
+            "rpg_min_rate = 2000 is outside 1..=1000",
+        ),
+    ] {
+        let r = ask(&format!("CC SET rxe0 {bad}"));
+        assert!(r.starts_with("ERR ") && r.contains(why), "{bad}: {r}");
+    }
+    assert!(ask("CC SET rxe9 rpg_ai_rate=1").contains("ERR no device \"rxe9\""));
+    for dev in [&a, &b, &c] {
+        assert_eq!(dev.cc_config().params.rpg_ai_rate, 10);
+        assert_eq!(dev.cc_config().params.line_rate_mbps, 100_000);
+    }
+    // Back to the default, everywhere.
+    let f = ask("CC SET rxe0 rpg_ai_rate=default min_time_between_cnps=default");
+    assert!(
+        f.contains("all defaults (3 of 3 processes applied it"),
+        "{f}"
+    );
+    for dev in [&a, &b, &c] {
+        assert_eq!(dev.cc_config().params, verbs_api::CcParams::default());
+    }
+}
+
+/// One datagram a QP of `dev` sends to a plain UDP socket on `peer`:4791
+/// (an RC SEND to a QP nobody has), with the TOS byte its IP header had;
+/// its ICRC is checked over the addresses it came with.
+fn first_datagram_tos(d: &Daemon, dev: &str, peer: [u8; 4]) -> (Vec<u8>, u8) {
+    use nix::sys::socket::{
+        recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags, SockaddrIn,
+    };
+    let ip = std::net::Ipv4Addr::from(peer);
+    let sock = UdpSocket::bind((ip, 4791)).unwrap();
+    setsockopt(&sock, sockopt::IpRecvTos, &true).unwrap();
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let me = side(Device::open_daemon(dev, Some(&d.path)).unwrap(), QpType::Rc);
+    // The device's fault reaches a new process on its control connection
+    // after the slot; once it answered a later STAT, it has it.
+    let _ = emulator_daemon::client::request(&d.path, &format!("STAT {dev}")).unwrap();
+    connect(&me, 0x123, gid_of(peer), 14, 0, 0);
+    let mut buf = vec![9u8; 64];
+    let mr = me.pd.reg_mr(&mut buf, ALL).unwrap();
+    me.qp
+        .post_send(SendWr::new(1, SendOp::Send, vec![mr.sge(0, 64)]))
+        .unwrap();
+    let mut data = vec![0u8; 2048];
+    let mut iov = [std::io::IoSliceMut::new(&mut data)];
+    let mut cmsg = nix::cmsg_space!(u8);
+    let m = recvmsg::<SockaddrIn>(
+        std::os::fd::AsRawFd::as_raw_fd(&sock),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::empty(),
+    )
+    .unwrap();
+    let tos = m
+        .cmsgs()
+        .unwrap()
+        .find_map(|c| match c {
+            ControlMessageOwned::Ipv4Tos(t) => Some(t),
+            _ => None,
+        })
+        .expect("IP_RECVTOS gives the TOS of every datagram");
+    let (n, from) = (m.bytes, m.address.unwrap());
+    drop(mr);
+    let p = data[..n].to_vec();
+    let info = wire::icrc::IpUdpInfo {
+        src: me.dev.addr(),
+        dst: ip.into(),
+        src_port: from.port(),
+        dst_port: 4791,
+        ipv4_id: 0,
+        ipv4_flags_frag: 0x4000,
+    };
+    assert!(
+        wire::icrc::check(&info, &p),
+        "the ICRC holds whatever the TOS"
+    );
+    (p, tos)
+}
+
+#[test]
+fn the_tos_is_on_the_udp_datagram_ect0_or_ce_on_a_connectx_like_device_0_on_a_kernel_rxe_like_one()
+{
+    let d = Daemon::start("tos", "rxe0=127.0.25.6,like=mlx5", 4);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    assert!(ask("LINK ADD rxe1=127.0.25.7").starts_with("OK"));
+    let (p, tos) = first_datagram_tos(&d, "rxe0", [127, 0, 25, 8]);
+    assert_eq!(p[0], 0x04, "an RC SEND_ONLY");
+    assert_eq!(tos, 0b10, "DSCP 0, ECT(0)");
+    // Marked by fault injection: CE (the ICRC masks the TOS byte).
+    assert!(ask("FAULT rxe0 ce=1 seed=1").contains("fault on rxe0"));
+    let (_, tos) = first_datagram_tos(&d, "rxe0", [127, 0, 25, 8]);
+    assert_eq!(tos, 0b11, "CE");
+    // Kernel-rxe-like: TOS 0 with the same fault on (it marks only ECT).
+    assert!(ask("FAULT rxe1 ce=1 seed=1").contains("fault on rxe1"));
+    let (p, tos) = first_datagram_tos(&d, "rxe1", [127, 0, 25, 9]);
+    assert_eq!(p[0], 0x04, "an RC SEND_ONLY");
+    assert_eq!(tos, 0, "Not-ECT, DSCP 0: what kernel rxe sends");
+}
+
+#[test]
+fn trace_explains_ce_marks_and_cnps_and_its_pcap_carries_the_tos() {
+    let d = Daemon::start("cctrace", "rxe0=127.0.25.10,like=mlx5", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    assert!(ask("FAULT rxe0 ce=1 seed=9").contains("2 of 2 processes applied it"));
+    let pcap = d.path.with_file_name("cc.pcap");
+    let tracer = explained_trace(&d.path, &pcap, 3);
+    // Once both processes answered a STAT, they are tracing.
+    let _ = ask("STAT rxe0");
+    // One SEND (marked CE on its way out of A), its CNP and its ACK:
+    // between two processes of the device, by the same-host path.
+    send_each(&a, &b, 1);
+    let (n, out) = tracer.join().unwrap();
+    assert_eq!(n, 3, "{out}");
+    assert!(
+        out.contains("marked CE (congestion experienced)") && out.contains("answers with a CNP"),
+        "{out}"
+    );
+    assert!(out.contains("CNP from 127.0.25.10 to QP"), "{out}");
+    // Both processes mark: the ACK too, which draws no CNP.
+    assert!(
+        out.contains("an acknowledgement, so the receiver sends no CNP for it"),
+        "{out}"
+    );
+    let r = emulator_daemon::pcap_check::check(&std::fs::read(&pcap).unwrap()).unwrap();
+    assert!(r.passed() && r.roce == 3, "{}", r.render());
+    assert_eq!(r.opcodes.get("CNP"), Some(&1), "{}", r.render());
+    // Not-ECT (the CNP), ECT(1), ECT(0), CE (the SEND and the ACK).
+    assert_eq!(r.ecn, [1, 0, 0, 2], "{}", r.render());
+    assert_eq!(r.ce_data, 1, "{}", r.render());
+}
+
+#[test]
+fn a_fault_queue_delays_by_its_backlog_and_marks_by_depth() {
+    let d = Daemon::start("ccqueue", "rxe0=127.0.25.11,like=mlx5", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    // ACK timeout 18 (1.07 s) is far above what the queue holds back.
+    connect(&a, b.qp.qpn(), b.dev.gid(), 18, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 18, 7, 0);
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    // 10 Mb/s (1250 bytes per ms), marking from 4 KB, every ECT datagram
+    // above 16 KB; a 1 MB buffer.
+    let f = ask("FAULT rxe0 queue=10:4000:16000:1:1000000 seed=2");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    const LEN: usize = 64 << 10;
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i * 13 + 1) as u8).collect();
+    let mut src = pattern.clone();
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; LEN];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    let start = Instant::now();
+    // 64 packets of 1 KiB at once: 67 KB on the wire queue in A's link.
+    a.qp.post_send(SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: bmr.addr(),
+            rkey: bmr.rkey(),
+        },
+        vec![amr.sge(0, LEN as u32)],
+    ))
+    .unwrap();
+    let wc = a.cq.wait(1, WAIT).unwrap();
+    assert_eq!(wc[0].status, WcStatus::Success);
+    // The last packet waited for the 66 KB ahead of it at 10 Mb/s (a
+    // lower bound: the queue's own delay, never a speed check).
+    assert!(
+        start.elapsed() >= Duration::from_millis(50),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(bmr);
+    assert_eq!(dst, pattern, "every byte arrived, in order");
+    let stat = ask("STAT rxe0");
+    // Packets that found more than 16 KB queued were all marked, and the
+    // receiver counted each mark (the buffer was never full).
+    let marked = stat_value(&stat, "fault_ce_marked");
+    assert!(marked >= 40, "{stat}");
+    assert_eq!(stat_value(&stat, "fault_queue_dropped"), 0, "{stat}");
+    assert_eq!(b.dev.counters().np_ecn_marked_roce_packets, marked);
+    assert!(b.dev.counters().np_cnp_sent >= 1);
+    assert_eq!(a.dev.counters().completer_retry_err, 0);
+    // A bad queue is refused by every process.
+    let bad = ask("FAULT rxe0 queue=10:9000:8000:1:100000");
+    assert!(
+        bad.contains("ERR fault: queue Kmin 9000 bytes is above Kmax"),
+        "{bad}"
+    );
 }

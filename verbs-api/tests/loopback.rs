@@ -26,6 +26,10 @@ struct Side {
 fn side(ip: &str, ty: QpType, fault: Option<FaultConfig>) -> Side {
     let mut cfg = DeviceConfig::new(ip.parse().unwrap());
     cfg.fault = fault;
+    side_of(cfg, ty)
+}
+
+fn side_of(cfg: DeviceConfig, ty: QpType) -> Side {
     let dev = Device::open(cfg).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096).unwrap();
@@ -1269,4 +1273,55 @@ fn xrc_over_udp() {
     );
     drop(rmr);
     assert_eq!(&rbuf[..3000], &pattern(3000, 4)[..]);
+}
+
+/// In-process devices choose their congestion behaviour in
+/// `DeviceConfig::cc` (`RXE_EMU_LIKE=mlx5` for `open_device`): two
+/// ConnectX-like ones, the sender's datagrams marked CE on their way out,
+/// talk by UDP; the receiver reads the marks (IP_RECVTOS) and answers with
+/// CNPs, which the sender handles.
+#[test]
+fn in_process_connectx_like_devices_see_ce_marks_and_exchange_cnps() {
+    let mlx5 = |ip: &str, ce: f64| {
+        let mut cfg = DeviceConfig::new(ip.parse().unwrap());
+        cfg.cc.model = verbs_api::CcModel::Mlx5Like;
+        cfg.fault = (ce > 0.0).then(|| FaultConfig {
+            ce,
+            seed: 3,
+            ..Default::default()
+        });
+        side_of(cfg, QpType::Rc)
+    };
+    let a = mlx5("127.0.25.20", 1.0);
+    let b = mlx5("127.0.25.21", 0.0);
+    assert_eq!(a.dev.cc_config().model, verbs_api::CcModel::Mlx5Like);
+    connect(&a, &b, 5, 9, true);
+    connect(&b, &a, 9, 5, true);
+    let mut src = pattern(2048, 4);
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 2048];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    for i in 0..10 {
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: vec![bmr.sge(0, 2048)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(i, SendOp::Send, vec![amr.sge(0, 2048)]))
+            .unwrap();
+        assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+        assert_eq!(b.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+    }
+    let (ca, cb) = (a.dev.counters(), b.dev.counters());
+    // Path MTU 4096 on loopback: one packet per SEND, each marked.
+    assert!(cb.np_ecn_marked_roce_packets >= 10, "{cb:?}");
+    assert!(cb.np_cnp_sent >= 1, "{cb:?}");
+    assert!(ca.rp_cnp_handled >= 1, "{ca:?}");
+    assert!(a.qp.cc_state().unwrap().reacting);
+    // B's own packets were not marked: it sent no data, drew no CNP.
+    assert_eq!(ca.np_ecn_marked_roce_packets, 0, "{ca:?}");
+    assert!(!b.qp.cc_state().unwrap().reacting);
+    assert!(b.dev.set_cc_param("rpg_gd", 40).is_err());
+    b.dev.set_cc_param("rpg_gd", 9).unwrap();
+    assert_eq!(b.dev.cc_config().params.rpg_gd, 9);
 }

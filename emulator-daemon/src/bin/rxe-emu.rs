@@ -19,9 +19,13 @@ struct Cli {
 enum Cmd {
     /// Start the daemon in the background (if it is not running).
     Start {
-        /// A device to host: NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IF
-        /// (default rxe0=127.0.0.1). `link add` adds more later.
-        #[arg(long = "device", value_name = "NAME=ADDR[/MTU]|NAME=netdev:IF")]
+        /// A device to host: NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IF,
+        /// with ,like=mlx5 for a ConnectX-like one (default rxe0=127.0.0.1,
+        /// kernel-rxe-like). `link add` adds more later.
+        #[arg(
+            long = "device",
+            value_name = "NAME=ADDR[/MTU][,like=mlx5]|NAME=netdev:IF[,like=mlx5]"
+        )]
         devices: Vec<String>,
         /// Serve every user (system-wide daemon).
         #[arg(long)]
@@ -66,6 +70,20 @@ enum Cmd {
         /// Datagrams with one bit flipped (dropped by the receiver's ICRC check).
         #[arg(long, default_value = "0%")]
         corrupt: String,
+        /// ECN-capable datagrams (a --like mlx5 device's) marked Congestion
+        /// Experienced, as a congested switch marks them; Not-ECT ones (a
+        /// kernel-rxe-like device's) are left alone.
+        #[arg(long, default_value = "0%")]
+        ce: String,
+        /// A bottleneck link: RATE,KMIN,KMAX,PMAX[,BUFFER], e.g.
+        /// 10gbit,40KB,160KB,20%. Each process's datagrams queue behind
+        /// what it sent faster than RATE and wait for the queue ahead of
+        /// them; ECN-capable ones are marked CE with probability 0 below
+        /// KMIN bytes queued, rising linearly to PMAX at KMAX, and 1 above
+        /// (a switch's RED/ECN); past BUFFER (default 4 x KMAX, at least
+        /// 64KB) they are dropped.
+        #[arg(long, value_name = "RATE,KMIN,KMAX,PMAX[,BUFFER]")]
+        queue: Option<String>,
         /// Every datagram leaves this much later, in order: 50us, 2ms, 1s
         /// (at most 10s). Longer than a QP's ACK timeout, it makes the
         /// requester retransmit.
@@ -115,6 +133,32 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PcapCmd,
     },
+    /// Congestion control of a ConnectX-like device (--like mlx5): DCQCN
+    /// and notification-point parameters, by their mlx5 names.
+    Cc {
+        #[command(subcommand)]
+        cmd: CcCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum CcCmd {
+    /// Every parameter: value, default, range and meaning.
+    Show {
+        /// Device (default rxe0).
+        #[arg(default_value = "rxe0")]
+        dev: String,
+    },
+    /// Set parameters (NAME=VALUE, or NAME=default) on every process of
+    /// the device at once, and on those that open it later; all are
+    /// checked first, and nothing is set if one is unknown or out of range.
+    Set {
+        /// Device.
+        dev: String,
+        /// NAME=VALUE assignments, e.g. rpg_ai_rate=10 min_time_between_cnps=4.
+        #[arg(required = true, value_name = "NAME=VALUE")]
+        params: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -136,6 +180,11 @@ enum LinkCmd {
         /// its first global IPv6 address) and its MTU.
         #[arg(long, value_name = "IFNAME")]
         netdev: Option<String>,
+        /// Whose congestion behaviour: rxe (kernel rxe: Not-ECT, CE marks
+        /// and CNPs ignored) or mlx5 (ConnectX: ECT(0), CNPs for CE marks,
+        /// DCQCN pacing each QP; `rxe-emu cc` sets its parameters).
+        #[arg(long, default_value = "rxe", value_parser = ["rxe", "mlx5"])]
+        like: String,
     },
     /// Show the devices (or one).
     Show {
@@ -183,6 +232,81 @@ fn duration_ns(s: &str) -> u64 {
         Ok(_) => die(format!("{s:?}: the delay is at most 10s")),
         Err(_) => die(format!("{s:?} is not a duration (like 50us, 2ms or 1s)")),
     }
+}
+
+/// "10gbit", "500mbit", "1.5gbit" (or "10gbps", "10g", "800m") as Mb/s.
+fn rate_mbps(s: &str) -> u64 {
+    let t = s.trim().to_ascii_lowercase();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit {
+        "gbit" | "gbps" | "g" | "gb/s" => 1000.0,
+        "mbit" | "mbps" | "m" | "mb/s" => 1.0,
+        _ => die(format!(
+            "{s:?} is not a rate (like 10gbit or 500mbit; units gbit, mbit)"
+        )),
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v * scale >= 1.0 && v * scale <= 10e6 => (v * scale).round() as u64,
+        _ => die(format!("{s:?}: the rate must be 1mbit..10000gbit")),
+    }
+}
+
+/// "40KB" (1000s), "64KiB", "1MB", "1500" (bytes) as bytes.
+fn size_bytes(s: &str) -> u64 {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1048576.0,
+        _ => die(format!(
+            "{s:?} is not a size (like 40KB, 64KiB, 1MB or 1500)"
+        )),
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v * scale <= 1e12 => (v * scale).round() as u64,
+        _ => die(format!(
+            "{s:?} is not a size (like 40KB, 64KiB, 1MB or 1500)"
+        )),
+    }
+}
+
+/// `--queue RATE,KMIN,KMAX,PMAX[,BUFFER]` as the `queue=` fault field.
+fn queue_spec(s: &str) -> String {
+    let f: Vec<&str> = s.split(',').collect();
+    if !(4..=5).contains(&f.len()) {
+        die(format!(
+            "--queue {s:?}: expected RATE,KMIN,KMAX,PMAX[,BUFFER], e.g. 10gbit,40KB,160KB,20%"
+        ));
+    }
+    let (rate, kmin, kmax, pmax) = (
+        rate_mbps(f[0]),
+        size_bytes(f[1]),
+        size_bytes(f[2]),
+        probability(f[3]),
+    );
+    let buffer = f.get(4).map_or((4 * kmax).max(64_000), |b| size_bytes(b));
+    // The processes check it too; checked here so a bad queue is refused
+    // even when no process has the device open yet.
+    let b = rxe_core::sim::Bottleneck {
+        rate_mbps: rate,
+        buffer_bytes: buffer,
+        kmin_bytes: kmin,
+        kmax_bytes: kmax,
+        pmax,
+    };
+    if let Err(e) = b.check(std::time::Duration::from_secs(10)) {
+        die(format!("--queue {s}: {e}"));
+    }
+    format!("{rate}:{kmin}:{kmax}:{pmax}:{buffer}")
 }
 
 /// "2%" or "0.5%" or "0.02" as a probability.
@@ -344,12 +468,20 @@ fn show_devices(
 
 fn link(path: &std::path::Path, cmd: LinkCmd) {
     let req = match cmd {
-        LinkCmd::Add { name, addr, netdev } => {
-            let spec = match (addr, netdev) {
+        LinkCmd::Add {
+            name,
+            addr,
+            netdev,
+            like,
+        } => {
+            let mut spec = match (addr, netdev) {
                 (Some(a), _) => format!("{name}={a}"),
                 (None, Some(n)) => format!("{name}=netdev:{n}"),
                 (None, None) => die("link add needs --addr or --netdev"),
             };
+            if like != "rxe" {
+                spec += &format!(",like={like}");
+            }
             // Checked here too, so a bad spec is not first met by a
             // daemon being started for it.
             if let Err(e) = spec.parse::<emulator_daemon::server::DeviceSpec>() {
@@ -449,17 +581,23 @@ fn main() {
             dup,
             reorder,
             corrupt,
+            ce,
+            queue,
             delay,
             seed,
         } => {
-            let spec = format!(
-                "drop={} dup={} reorder={} corrupt={} delay_ns={} seed={seed}",
+            let mut spec = format!(
+                "drop={} dup={} reorder={} corrupt={} ce={} delay_ns={} seed={seed}",
                 probability(&drop),
                 probability(&dup),
                 probability(&reorder),
                 probability(&corrupt),
+                probability(&ce),
                 duration_ns(&delay)
             );
+            if let Some(q) = queue {
+                spec += &format!(" queue={}", queue_spec(&q));
+            }
             match emulator_daemon::client::request(&path, &format!("FAULT {dev} {spec}")) {
                 Ok(s) if s.starts_with("ERR") => die(s.trim_end()),
                 Ok(s) => print!("{s}"),
@@ -467,6 +605,17 @@ fn main() {
             }
         }
         Cmd::Link { cmd } => link(&path, cmd),
+        Cmd::Cc { cmd } => {
+            let req = match cmd {
+                CcCmd::Show { dev } => format!("CC SHOW {dev}"),
+                CcCmd::Set { dev, params } => format!("CC SET {dev} {}", params.join(" ")),
+            };
+            match emulator_daemon::client::request(&path, &req) {
+                Ok(s) if s.starts_with("ERR ") => die(s.trim_end().trim_start_matches("ERR ")),
+                Ok(s) => print!("{s}"),
+                Err(e) => die(e),
+            }
+        }
         Cmd::Status => match emulator_daemon::client::request(&path, "STATUS") {
             Ok(s) => print!("{s}"),
             Err(e) => die(e),

@@ -1,6 +1,6 @@
 //! rxe-emud: host rxe-emu devices that many processes share.
 //!
-//! `rxe-emud [--device NAME=ADDR[/MTU]|NAME=netdev:IF]... [--socket PATH] [--slots N] [--any-user]`
+//! `rxe-emud [--device NAME=ADDR[/MTU][,like=mlx5]|NAME=netdev:IF[,like=mlx5]]... [--socket PATH] [--slots N] [--any-user]`
 //! (default device: rxe0=127.0.0.1). Usually started by `rxe-emu start`.
 
 use std::path::PathBuf;
@@ -14,8 +14,13 @@ use emulator_daemon::server::{DeviceSpec, Server, ServerConfig, DEFAULT_SLOTS};
 #[command(version)]
 struct Args {
     /// A device to host: NAME=ADDR, NAME=ADDR/MTU to set the netdev MTU,
-    /// or NAME=netdev:IFNAME to take an interface's address and MTU.
-    #[arg(long = "device", value_name = "NAME=ADDR[/MTU]|NAME=netdev:IF")]
+    /// or NAME=netdev:IFNAME to take an interface's address and MTU; add
+    /// ,like=mlx5 for a ConnectX-like device (ECN, CNPs, DCQCN) instead of
+    /// a kernel-rxe-like one (,like=rxe, the default).
+    #[arg(
+        long = "device",
+        value_name = "NAME=ADDR[/MTU][,like=mlx5]|NAME=netdev:IF"
+    )]
     devices: Vec<DeviceSpec>,
     /// Control socket (default: $RXE_EMU_SOCKET, else the user's runtime dir).
     #[arg(long)]
