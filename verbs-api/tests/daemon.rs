@@ -797,8 +797,11 @@ fn stat_qp_show_and_fault_reach_every_process_of_the_device() {
     let d = Daemon::start("cli", "rxe0=127.0.21.6", 8);
     let a = side(d.open(), QpType::Rc);
     let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 8, 1, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 8, 1, 0);
+    // ACK timeout 12 (16 ms), 3 retries: the first SEND must not fail on
+    // a loaded machine (1 ms and one retry did, once), and the dropped one
+    // below still fails within 100 ms.
+    connect(&a, b.qp.qpn(), b.dev.gid(), 12, 3, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 12, 3, 0);
     let mut buf = vec![1u8; 32];
     let amr = a.pd.reg_mr(&mut buf, ALL).unwrap();
     let mut bbuf = vec![0u8; 32];
