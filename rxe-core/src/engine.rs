@@ -177,6 +177,9 @@ pub(crate) struct Ah {
     pub pd: PdHandle,
     pub src: IpAddr,
     pub dst: IpAddr,
+    /// The GRH flow label; a ConnectX-like device derives the UDP source
+    /// port of UD sends from it ([`crate::model::ud_src_port`]).
+    pub flow_label: u32,
 }
 
 /// Everything but the QP table: what the requester, responder and completer
@@ -749,7 +752,15 @@ impl<M: Memory> Engine<M> {
             )));
         }
         let h = AhHandle(self.handle());
-        self.ctx.ahs.insert(h, Ah { pd, src, dst });
+        self.ctx.ahs.insert(
+            h,
+            Ah {
+                pd,
+                src,
+                dst,
+                flow_label: attr.flow_label,
+            },
+        );
         self.pd_ref(pd, 1)?;
         Ok(h)
     }
@@ -1941,6 +1952,12 @@ fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<Sen
         ud = Some(UdTarget {
             src: ah.src,
             dst: ah.dst,
+            src_port: crate::model::ud_src_port(
+                ctx.cfg.cc.model,
+                qp.src_port,
+                d.ah.0,
+                ah.flow_label,
+            ),
             qpn: d.remote_qpn & 0x00ff_ffff,
             qkey,
         });

@@ -34,6 +34,7 @@ mod engine;
 mod error;
 pub mod mcast;
 pub mod mem;
+pub mod model;
 pub mod mr;
 mod qp;
 pub mod qp_attr;

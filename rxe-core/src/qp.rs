@@ -31,6 +31,8 @@ pub(crate) enum WqeState {
 pub(crate) struct UdTarget {
     pub src: IpAddr,
     pub dst: IpAddr,
+    /// The UDP source port ([`crate::model::ud_src_port`]).
+    pub src_port: u16,
     pub qpn: u32,
     pub qkey: u32,
 }

@@ -195,18 +195,21 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
         w.first_psn = req_psn;
         w.last_psn = req_psn.add(w.npsn(mtu) - 1);
     }
+    let mig_req = crate::model::bth_mig_req(ctx.cfg.cc.model, qp_type, qp.attr.path_mig_state);
     let route = match (w.ud, qp.path) {
         (Some(u), _) => Route {
             src: u.src,
             dst: u.dst,
-            src_port,
+            src_port: u.src_port,
             xrc: false,
+            mig_req,
         },
         (None, Some((src, dst))) => Route {
             src,
             dst,
             src_port,
             xrc: qp.qp_type.is_xrc(),
+            mig_req,
         },
         (None, None) => {
             fail_wqe(

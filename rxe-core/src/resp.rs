@@ -60,18 +60,21 @@ enum Fault {
     Drop,
 }
 
-fn route(qp: &Qp) -> Option<Route> {
+fn route(qp: &Qp, model: crate::cc::CcModel) -> Option<Route> {
     qp.path.map(|(src, dst)| Route {
         src,
         dst,
         src_port: qp.src_port,
         xrc: qp.qp_type.is_xrc(),
+        mig_req: crate::model::bth_mig_req(model, qp.qp_type, qp.attr.path_mig_state),
     })
 }
 
 /// Send an ACK or NAK with the current MSN.
 fn send_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, syndrome: Syndrome, psn: Psn) {
-    let Some(r) = route(qp) else { return };
+    let Some(r) = route(qp, ctx.cfg.cc.model) else {
+        return;
+    };
     let mut h = Headers::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(syndrome, qp.msn));
     if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
@@ -82,7 +85,9 @@ fn send_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, syndrome: Syndrome, psn: P
 }
 
 fn send_atomic_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64) {
-    let Some(r) = route(qp) else { return };
+    let Some(r) = route(qp, ctx.cfg.cc.model) else {
+        return;
+    };
     let mut h = Headers::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(ACK, qp.msn));
     h.atomic_ack = Some(AtomicAckRepr { orig });
@@ -97,7 +102,9 @@ fn send_atomic_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64
 /// RDMA_READ_RESPONSE_ONLY with an ACK AETH, the current MSN and no
 /// payload, at the request's PSN.
 fn send_read_response_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) {
-    let Some(r) = route(qp) else { return };
+    let Some(r) = route(qp, ctx.cfg.cc.model) else {
+        return;
+    };
     let mut h = Headers::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(ACK, qp.msn));
     if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
@@ -125,7 +132,7 @@ pub(crate) fn continue_read<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) -> bool {
     let Some(mut rr) = qp.read_reply.take() else {
         return false;
     };
-    let Some(r) = route(qp) else {
+    let Some(r) = route(qp, ctx.cfg.cc.model) else {
         return false;
     };
     let mtu = qp.mtu;

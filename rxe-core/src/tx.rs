@@ -70,6 +70,8 @@ pub(crate) struct Route {
     /// The QP is an XRC one: the engine's RC opcodes go out as their XRC
     /// twins, requests with an XRCETH (IBTA A14).
     pub xrc: bool,
+    /// The BTH MigReq bit ([`crate::model::bth_mig_req`]).
+    pub mig_req: bool,
 }
 
 /// Build a packet with `payload_len` bytes filled by `fill`, compute its ICRC
@@ -106,7 +108,7 @@ pub(crate) fn emit<M, E>(
         bth: BthRepr {
             opcode,
             solicited: h.solicited,
-            mig_req: false,
+            mig_req: route.mig_req,
             pad_count: 0,
             tver: 0,
             pkey: DEFAULT_PKEY,
