@@ -613,8 +613,11 @@ fn a_killed_client_frees_its_slot_and_its_peer_gets_retry_exceeded() {
     let me = side(d2.open(), QpType::Rc);
     let (peer_qpn, peer_psn, peer_gid) = exchange(18623, me.qp.qpn(), me.dev.gid());
     assert_eq!(peer_qpn >> 16, 1);
-    // timeout 8 (1 ms), retry_cnt 2: the peer's death shows in milliseconds.
-    connect(&me, peer_qpn, peer_gid, 8, 2, peer_psn);
+    // timeout 10 (4 ms), retry_cnt 6: the peer's death shows within about
+    // 40 ms, and a victim that a loaded machine lets run late (its
+    // progress thread must wake for each SEND) is not mistaken for dead
+    // (timeout 8 with 2 retries was, under two concurrent builds).
+    connect(&me, peer_qpn, peer_gid, 10, 6, peer_psn);
     let mut buf = vec![7u8; 64];
     let mr = me.pd.reg_mr(&mut buf, ALL).unwrap();
     for i in 0..4u64 {
