@@ -328,8 +328,8 @@ pub(crate) struct Inner {
 
 /// How long the progress thread keeps looking at its inbox after the
 /// last datagram before it sleeps, when no application thread of the
-/// process is active (see [`Inner::spin_for_inbox`]).
-const INBOX_SPIN: Duration = Duration::from_micros(50);
+/// process is active (see [`Inner::spin_for_inbox`] for why 1 ms).
+const INBOX_SPIN: Duration = Duration::from_millis(1);
 
 /// An application thread that posted or polled within this long is
 /// taken to be running (it may be spinning on memory): the progress
@@ -985,6 +985,15 @@ impl Inner {
     /// ib_write_lat does) a spinning progress thread would take its CPU
     /// instead: measured on the 2-CPU host, ib_read_lat 31 -> 3.7 µs with
     /// the spin, ib_write_lat 7 -> 31-68 µs had it spun there too.
+    /// The window is 1 ms because a wake costs about 100 µs in the TCG
+    /// guest and its requests come further apart than on the host: there
+    /// a 50 µs window left the responder of a 64 KiB stream asleep between
+    /// packets (ib_write/send/read_bw 47/33/20 MB/s), 1 ms keeps it awake
+    /// (65/60/61 MB/s; kernel rxe 28-39). The cost is at most 1 ms of one
+    /// CPU after the last datagram of a burst, and only for a process whose
+    /// application is not using the device. Making the window adapt to the
+    /// gaps it missed was tried and lost (guest ib_read_lat no better,
+    /// ib_write_lat 130 µs -> 2.2 ms).
     /// Returns whether a datagram came (then do not sleep).
     fn spin_for_inbox(&self) -> bool {
         let Some(l) = &self.local else { return false };
