@@ -436,6 +436,12 @@ pub unsafe extern "C" fn rxe_ibv_import_device(cmd_fd: c_int) -> *mut ibv_contex
 /// generation, SRQ resize, memory management extensions, memory windows
 /// and type 2B windows.
 const RXE_DEVICE_CAP_FLAGS: u32 = 0x0122_3c76;
+/// `IB_UVERBS_DEVICE_FLUSH_GLOBAL`.
+const FLUSH_GLOBAL: u64 = 1 << 38;
+/// `IB_UVERBS_DEVICE_FLUSH_PERSISTENT`.
+const FLUSH_PERSISTENT: u64 = 1 << 39;
+/// `IB_UVERBS_DEVICE_ATOMIC_WRITE`.
+const ATOMIC_WRITE: u64 = 1 << 40;
 
 fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) {
     // SAFETY: the context's device pointer is one of our entries.
@@ -514,10 +520,14 @@ pub unsafe extern "C" fn query_device_ex(
         // attributes (no ODP, TSO, RSS, pacing, tag matching, DM; rxe-emu
         // adds DM and ODP below); the
         // port count is repeated in phys_port_cnt_ex. The 64-bit flags
-        // repeat device_cap_flags, plus IB_UVERBS_DEVICE_ATOMIC_WRITE
-        // (bit 40), which rxe has since Linux 6.2 and rxe-emu supports.
+        // repeat device_cap_flags, plus what rxe reports since Linux 6.2
+        // (RXE_DEVICE_CAP_FLAGS): IB_UVERBS_DEVICE_FLUSH_GLOBAL (bit 38),
+        // IB_UVERBS_DEVICE_FLUSH_PERSISTENT (bit 39; kernel rxe reports it
+        // although only pmem can be registered for it, as here none can)
+        // and IB_UVERBS_DEVICE_ATOMIC_WRITE (bit 40).
         ex.phys_port_cnt_ex = 1;
-        ex.device_cap_flags_ex = u64::from(RXE_DEVICE_CAP_FLAGS) | (1 << 40);
+        ex.device_cap_flags_ex =
+            u64::from(RXE_DEVICE_CAP_FLAGS) | FLUSH_GLOBAL | FLUSH_PERSISTENT | ATOMIC_WRITE;
         // Device memory, which kernel rxe lacks: process memory owned by
         // the library (see dm.rs).
         ex.max_dm_size = crate::dm::MAX_DM_SIZE;

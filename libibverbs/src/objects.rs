@@ -1443,8 +1443,10 @@ const QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// The `ibv_wr_*` operations rxe implements: RDMA WRITE (with imm), SEND
 /// (with imm, with invalidate), RDMA READ, CAS, FAA, LOCAL_INV, BIND_MW,
-/// ATOMIC WRITE.
-const SUPPORTED_SEND_OPS: u64 = (0x3ff & !(1 << 10)) | QP_EX_WITH_ATOMIC_WRITE;
+/// FLUSH, ATOMIC WRITE (not TSO, bit 10).
+const SUPPORTED_SEND_OPS: u64 = (0x3ff & !(1 << 10)) | QP_EX_WITH_FLUSH | QP_EX_WITH_ATOMIC_WRITE;
+/// `IBV_QP_EX_WITH_FLUSH`.
+const QP_EX_WITH_FLUSH: u64 = 1 << 11;
 /// `IBV_QP_EX_WITH_ATOMIC_WRITE`.
 const QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
 

@@ -899,20 +899,30 @@ unsafe extern "C" fn wr_set_inline_data_list(
     set_inline(q, bufs, "ibv_wr_set_inline_data_list", false);
 }
 
-/// `ibv_wr_flush` (rdma-core 45): rxe-emu's engine has no FLUSH, and a QP
-/// asking for it (`IBV_QP_EX_WITH_FLUSH`) is refused at creation; a
-/// program that calls it anyway has its batch fail at `ibv_wr_complete`
-/// with EOPNOTSUPP instead of jumping through a NULL pointer.
+/// `ibv_wr_flush` (rdma-core 45): a FLUSH of `len` bytes at
+/// `remote_addr` (`level` IBV_FLUSH_RANGE) or of the whole region of
+/// `rkey` (IBV_FLUSH_MR), for global visibility and/or persistence
+/// (`type`, IBV_FLUSH_GLOBAL | IBV_FLUSH_PERSISTENT). As the rxe provider's
+/// `wr_flush`, the values go into the WQE unchecked (the responder judges
+/// them) and the length is kept in 32 bits (`wqe->dma.length`).
 unsafe extern "C" fn wr_flush(
     q: *mut ibv_qp_ex,
-    _rkey: u32,
-    _remote_addr: u64,
-    _len: usize,
-    _type: u8,
-    _level: u8,
+    rkey: u32,
+    remote_addr: u64,
+    len: usize,
+    r#type: u8,
+    level: u8,
 ) {
-    debug(|| "ibv_wr_flush: FLUSH is not supported by rxe-emu".into());
-    fail_batch(q, libc::EOPNOTSUPP);
+    push(
+        q,
+        SendOp::Flush {
+            remote_addr,
+            rkey,
+            length: len as u32,
+            placement: r#type,
+            selectivity: level,
+        },
+    )
 }
 
 pub fn fill_qp_ex(q: &mut ibv_qp_ex) {

@@ -11,7 +11,11 @@
 //! XRC_RECV traffic, close order) and the `ibv_wr_*` inline and SGE
 //! list rules (`tests/c/wr_inline.c`: a list of inline buffers is bounded
 //! by `max_inline_data`, not `max_send_sge`; ENOSPC and EINVAL where the
-//! rxe provider gives them).
+//! rxe provider gives them) and FLUSH (`tests/c/flush.c`: `ibv_wr_flush`
+//! of a range and of a whole MR completing as IBV_WC_FLUSH, a FLUSH of an
+//! MR without IBV_ACCESS_FLUSH_GLOBAL failing with IBV_WC_REM_ACCESS_ERR,
+//! IBV_ACCESS_FLUSH_PERSISTENT refused at registration, the capability
+//! bits).
 
 mod common;
 
@@ -37,6 +41,11 @@ fn xrc_from_c() {
 #[test]
 fn inline_data_and_sge_lists_of_the_wr_api_from_c() {
     run_c("wr_inline", "rxe0=127.0.95.3");
+}
+
+#[test]
+fn flush_from_c() {
+    run_c("flush", "rxe0=127.0.95.4");
 }
 
 fn run_c(name: &str, device: &str) {

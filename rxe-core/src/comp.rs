@@ -94,6 +94,44 @@ fn process<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant, pkt: &PacketR
     }
 }
 
+/// A READ response for the FLUSH at the head (kernel check_ack lets a
+/// READ response through for IB_WR_FLUSH, then `do_read`): kernel rxe's
+/// responder answers a FLUSH with an empty RDMA_READ_RESPONSE_ONLY
+/// carrying an ACK AETH, which completes it. Data cannot be placed (a
+/// FLUSH has no local buffer: kernel copy_data fails, LOC_PROT_ERR); an
+/// AETH other than ACK is a bad response; an empty response without the
+/// END bit only moves the completer on (COMPST_UPDATE_COMP).
+fn flush_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, pkt: &PacketRepr<'_>, flags: OpFlags) {
+    let psn = pkt.bth.psn;
+    let op = pkt.bth.opcode;
+    if !pkt.payload.is_empty() {
+        let why = format!(
+            "{} at PSN {psn} for a FLUSH carries {} bytes; a FLUSH reads nothing",
+            op.name(),
+            pkt.payload.len()
+        );
+        fail_head(qp, ctx, WcStatus::LocProtErr, why);
+        return;
+    }
+    if let Some(a) = pkt.aeth {
+        if !matches!(a.syndrome, Syndrome::Ack { .. }) {
+            let why = format!(
+                "{} at PSN {psn} for a FLUSH carried AETH {}",
+                op.name(),
+                a.syndrome
+            );
+            fail_head(qp, ctx, WcStatus::BadRespErr, why);
+            return;
+        }
+    }
+    qp.reset_retry_counters();
+    if flags.contains(OpFlags::END) {
+        complete_head(qp, ctx);
+    } else {
+        qp.comp_psn = psn.next();
+    }
+}
+
 /// Mark the head WQE acknowledged and complete it (kernel `complete_ack`).
 fn complete_head<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     if let Some(w) = qp.sq.front_mut() {
@@ -133,6 +171,10 @@ fn check_ack<M: Memory>(
 
     if flags.contains(OpFlags::READ) && !flags.contains(OpFlags::REQ) {
         // A READ response.
+        if matches!(w.wr.op, SendOp::Flush { .. }) {
+            flush_response(qp, ctx, pkt, flags);
+            return;
+        }
         if is_atomic_write && pkt.aeth.is_some() {
             // Kernel check_ack: the responder answers an ATOMIC WRITE with a
             // READ response (RDMA_READ_RESPONSE_ONLY, no payload); one with

@@ -534,6 +534,7 @@ impl<M: Memory> Engine<M> {
                 "IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC require IBV_ACCESS_LOCAL_WRITE".into(),
             ));
         }
+        refuse_persistent(access)?;
         if length > self.ctx.cfg.caps.max_mr_size {
             return Err(Error::Invalid(format!(
                 "length {length} exceeds the largest MR ({} bytes)",
@@ -598,6 +599,7 @@ impl<M: Memory> Engine<M> {
                 "IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC require IBV_ACCESS_LOCAL_WRITE".into(),
             ));
         }
+        refuse_persistent(access)?;
         let zero_based = access.contains(AccessFlags::ZERO_BASED);
         let (host_addr, length, iova) = match range {
             Some((addr, length, iova)) => {
@@ -1818,6 +1820,21 @@ impl<M: Memory> Engine<M> {
     }
 }
 
+/// Kernel rxe registers `IBV_ACCESS_FLUSH_PERSISTENT` only over
+/// persistent-memory pages (`rxe_mr_fill_pages_from_sgt`: "Unable to
+/// register persistent access to non-pmem device", -EINVAL). No memory
+/// this engine is given is persistent, so it is always refused, with
+/// EINVAL; `IBV_ACCESS_FLUSH_GLOBAL` is accepted.
+fn refuse_persistent(access: AccessFlags) -> Result<()> {
+    if access.contains(AccessFlags::FLUSH_PERSISTENT) {
+        return Err(Error::Invalid(
+            "IBV_ACCESS_FLUSH_PERSISTENT needs persistent memory (pmem), and this memory is not"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Check a send WR against the QP, as kernel `validate_send_wr` and
 /// `rxe_post_send` do, and turn it into a WQE.
 fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<SendWqe> {
@@ -1842,8 +1859,9 @@ fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<Sen
         ),
         QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
         // XRC has RC's operations but FLUSH and ATOMIC WRITE (Annex A14
-        // predates A19); a target QP sends nothing.
-        QpType::XrcSend => !matches!(wr.op, SendOp::AtomicWrite { .. }),
+        // predates A19; wire::Opcode::to_xrc has no twin for them); a
+        // target QP sends nothing.
+        QpType::XrcSend => !matches!(wr.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }),
         QpType::XrcRecv => false,
     };
     if qp.qp_type == QpType::XrcSend && wr.xrc_remote_srqn.is_none() {
@@ -1878,7 +1896,13 @@ fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<Sen
             "message length {length64} exceeds 2^31 - 1 bytes"
         )));
     }
-    let length = length64 as u32;
+    // A FLUSH moves no local data: its length is the RETH's, which is also
+    // what its completion reports (kernel make_send_cqe: `wqe->dma.length`,
+    // which the rxe provider's wr_flush sets to the flush length).
+    let length = match wr.op {
+        SendOp::Flush { length, .. } => length,
+        _ => length64 as u32,
+    };
     if wr.op.is_atomic() {
         let addr = match wr.op {
             SendOp::AtomicCmpSwp { remote_addr, .. }

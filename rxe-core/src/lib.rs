@@ -62,7 +62,7 @@ pub use time::Instant;
 pub use wire::Ecn;
 pub use wr::{
     MwBindInfo, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion,
+    WorkCompletion, FLUSH_GLOBAL, FLUSH_MR, FLUSH_PERSISTENT, FLUSH_RANGE,
 };
 
 /// A protection domain.

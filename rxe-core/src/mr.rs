@@ -742,6 +742,24 @@ impl KeyTable {
             len,
         })
     }
+
+    /// The whole remote address range an rkey names, as `(va, length)`:
+    /// an MR's (iova, length), a bound window's (its start, 0 when
+    /// zero-based, and length). `None` if the key names nothing. A FLUSH
+    /// of selectivity "whole MR" is checked over this range (kernel
+    /// `check_rkey` skips the RETH range for `IB_FLUSH_MR`).
+    pub fn remote_extent(&self, rkey: u32) -> Option<(u64, u64)> {
+        if self.space.is_mw(rkey) {
+            let w = self.mw(rkey)?;
+            let base = if w.access.contains(AccessFlags::ZERO_BASED) {
+                0
+            } else {
+                w.addr
+            };
+            return Some((base, w.length));
+        }
+        self.mr(rkey).map(|m| (m.iova, m.length))
+    }
 }
 
 #[cfg(test)]

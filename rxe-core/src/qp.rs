@@ -8,7 +8,7 @@ use wire::{Opcode, Psn};
 use crate::caps::Mtu;
 use crate::qp_attr::{QpAttr, QpCap, QpState, QpType};
 use crate::time::Instant;
-use crate::wr::{SendOp, SendWr, Sge, WcStatus};
+use crate::wr::{SendWr, Sge, WcStatus};
 use crate::{CqHandle, PdHandle, SrqHandle};
 
 /// Where a send WQE is in its life (kernel `enum wqe_state`).
@@ -64,7 +64,7 @@ impl SendWqe {
     pub fn npsn(&self, mtu: u32) -> u32 {
         if self.wr.op.is_local() {
             0
-        } else if self.wr.op.is_atomic() || matches!(self.wr.op, SendOp::AtomicWrite { .. }) {
+        } else if self.wr.op.is_single_packet() {
             1
         } else {
             self.length.div_ceil(mtu).max(1)
@@ -99,7 +99,7 @@ pub(crate) struct ActiveWrite {
     pub length: u32,
 }
 
-/// Responder resource for READ, atomics and ATOMIC WRITE (IBTA 9.7.5.1.1: duplicates are
+/// Responder resource for READ, atomics, ATOMIC WRITE and FLUSH (IBTA 9.7.5.1.1: duplicates are
 /// answered from here), kept in a ring of `max_dest_rd_atomic` entries.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Resource {
@@ -119,6 +119,11 @@ pub(crate) enum Resource {
     AtomicWrite {
         psn: Psn,
     },
+    /// An executed FLUSH: a duplicate is acknowledged again, not executed
+    /// again (kernel `process_flush` with `res->replay`, oA19-14/15).
+    Flush {
+        psn: Psn,
+    },
 }
 
 impl Resource {
@@ -129,7 +134,9 @@ impl Resource {
                 last_psn,
                 ..
             } => psn.is_after_or_eq(first_psn) && psn.is_before_or_eq(last_psn),
-            Resource::Atomic { psn: p, .. } | Resource::AtomicWrite { psn: p } => p == psn,
+            Resource::Atomic { psn: p, .. }
+            | Resource::AtomicWrite { psn: p }
+            | Resource::Flush { psn: p } => p == psn,
         }
     }
 }

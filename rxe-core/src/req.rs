@@ -5,6 +5,7 @@ use crate::counters::count;
 use wire::aeth::AethRepr;
 use wire::atomic::AtomicEthRepr;
 use wire::deth::DethRepr;
+use wire::feth::FethRepr;
 use wire::reth::RethRepr;
 use wire::Opcode;
 
@@ -281,6 +282,31 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
             });
             payload_len = length as usize;
         }
+        SendOp::Flush {
+            remote_addr,
+            rkey,
+            length,
+            placement,
+            selectivity,
+        } => {
+            // Kernel rxe_req.c: one RC_FLUSH packet (next_opcode_rc), FETH
+            // then RETH (rkey `wr.flush.rkey`, va `wqe->iova`, length
+            // `wqe->dma.resid`), no payload (finish_packet, oA19-2), AckReq
+            // as the last packet of its message. A retransmission carries
+            // the same RETH (kernel req_retry recomputes `wqe->iova` only
+            // for READ/WRITE/atomics and so resends a FLUSH with VA 0; see
+            // README's deviations).
+            h = Headers::new(Opcode::RC_FLUSH, qp.attr.dest_qp_num, psn);
+            h.feth = Some(FethRepr {
+                placement,
+                selectivity,
+            });
+            h.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey,
+                dma_len: length,
+            });
+        }
         ref op => {
             if qp_type == QpType::Ud {
                 let Some(u) = w.ud else {
@@ -395,11 +421,7 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
     }
     let w = &mut qp.sq[idx];
     w.offset = offset + payload_len as u32;
-    if matches!(
-        w.wr.op,
-        SendOp::RdmaRead { .. } | SendOp::AtomicWrite { .. }
-    ) || w.wr.op.is_atomic()
-    {
+    if matches!(w.wr.op, SendOp::RdmaRead { .. }) || w.wr.op.is_single_packet() {
         w.offset = length;
     }
     if !last {
@@ -435,7 +457,7 @@ pub(crate) fn rewind(qp: &mut Qp) {
         }
         let npsn = w.npsn(mtu) as i32;
         let acked = comp.diff(w.first_psn).clamp(0, npsn) as u32;
-        w.offset = if w.wr.op.is_atomic() || matches!(w.wr.op, SendOp::AtomicWrite { .. }) {
+        w.offset = if w.wr.op.is_single_packet() {
             0
         } else {
             (acked * mtu).min(w.length)

@@ -6,6 +6,7 @@ use wire::aeth::AethRepr;
 use wire::atomic::{AtomicAckRepr, AtomicEthRepr};
 use wire::bth::BthRepr;
 use wire::deth::DethRepr;
+use wire::feth::FethRepr;
 use wire::icrc::IpUdpInfo;
 use wire::ieth::IethRepr;
 use wire::immdt::ImmDtRepr;
@@ -31,6 +32,8 @@ pub(crate) struct Headers {
     pub ack_req: bool,
     pub solicited: bool,
     pub reth: Option<RethRepr>,
+    /// The FETH of a FLUSH.
+    pub feth: Option<FethRepr>,
     pub atomic: Option<AtomicEthRepr>,
     pub aeth: Option<AethRepr>,
     pub atomic_ack: Option<AtomicAckRepr>,
@@ -50,6 +53,7 @@ impl Headers {
             ack_req: false,
             solicited: false,
             reth: None,
+            feth: None,
             atomic: None,
             aeth: None,
             atomic_ack: None,
@@ -122,7 +126,7 @@ pub(crate) fn emit<M, E>(
         deth: h.deth,
         xrceth,
         reth: h.reth,
-        feth: None,
+        feth: h.feth,
         atomic: h.atomic,
         aeth: h.aeth,
         atomic_ack: h.atomic_ack,

@@ -51,6 +51,15 @@ pub struct MwBindInfo {
     pub access: AccessFlags,
 }
 
+/// `IBV_FLUSH_GLOBAL`: FETH placement type bit, global visibility.
+pub const FLUSH_GLOBAL: u8 = 1;
+/// `IBV_FLUSH_PERSISTENT`: FETH placement type bit, persistence.
+pub const FLUSH_PERSISTENT: u8 = 2;
+/// `IBV_FLUSH_RANGE`: FETH selectivity, the RETH's range.
+pub const FLUSH_RANGE: u8 = 0;
+/// `IBV_FLUSH_MR`: FETH selectivity, the whole memory region.
+pub const FLUSH_MR: u8 = 1;
+
 /// What a send work request does, with its operation-specific fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
@@ -124,6 +133,28 @@ pub enum SendOp {
         /// Remote key.
         rkey: u32,
     },
+    /// `IBV_WR_FLUSH` (IBTA 1.5 Annex A19, kernel rxe since Linux 6.2,
+    /// rdma-core's `ibv_wr_flush`): make earlier writes to a remote
+    /// region visible (`placement` [`FLUSH_GLOBAL`]) or persistent
+    /// ([`FLUSH_PERSISTENT`]). `selectivity` [`FLUSH_RANGE`] names
+    /// `length` bytes at `remote_addr`, [`FLUSH_MR`] the whole region of
+    /// `rkey`. RC only; no local data (SGEs are ignored). One packet,
+    /// answered by an empty READ RESPONSE ONLY; it does not count against
+    /// `max_rd_atomic` (kernel `rxe_requester`). Completes as
+    /// [`WcOpcode::Flush`].
+    Flush {
+        /// Remote address (RETH VA).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Bytes to flush (RETH DMA length); the rxe provider keeps the
+        /// low 32 bits of `ibv_wr_flush`'s `size_t`.
+        length: u32,
+        /// FETH placement type (`enum ibv_placement_type` bits).
+        placement: u8,
+        /// FETH selectivity level (`enum ibv_selectivity_level`).
+        selectivity: u8,
+    },
     /// Invalidate a local key (a type 2 memory window).
     LocalInv {
         /// The key to invalidate.
@@ -155,6 +186,7 @@ impl SendOp {
             SendOp::LocalInv { .. } => 7,
             SendOp::BindMw { .. } => 8,
             SendOp::SendWithInv { .. } => 9,
+            SendOp::Flush { .. } => 14,
             SendOp::AtomicWrite { .. } => 15,
         }
     }
@@ -170,6 +202,7 @@ impl SendOp {
             SendOp::AtomicCmpSwp { .. } => WcOpcode::CompSwap,
             SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
             SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WcOpcode::Flush,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
             SendOp::BindMw { .. } => WcOpcode::BindMw,
         }
@@ -191,6 +224,12 @@ impl SendOp {
     /// | RXE_ATOMIC_WRITE_MASK`).
     pub fn needs_rd_atomic(&self) -> bool {
         self.is_read_or_atomic() || matches!(self, SendOp::AtomicWrite { .. })
+    }
+
+    /// Operations of one packet whatever their length: the atomics,
+    /// ATOMIC WRITE and FLUSH.
+    pub fn is_single_packet(&self) -> bool {
+        self.is_atomic() || matches!(self, SendOp::AtomicWrite { .. } | SendOp::Flush { .. })
     }
 
     /// CMP_SWP and FETCH_ADD, which carry an AtomicETH and are answered by
@@ -233,6 +272,7 @@ impl SendOp {
             SendOp::AtomicCmpSwp { .. } => "ATOMIC_CMP_AND_SWP",
             SendOp::AtomicFetchAdd { .. } => "ATOMIC_FETCH_AND_ADD",
             SendOp::AtomicWrite { .. } => "ATOMIC_WRITE",
+            SendOp::Flush { .. } => "FLUSH",
             SendOp::LocalInv { .. } => "LOCAL_INV",
             SendOp::BindMw { .. } => "BIND_MW",
         }
@@ -423,7 +463,9 @@ pub enum WcOpcode {
     BindMw = 5,
     /// `IBV_WC_LOCAL_INV`.
     LocalInv = 6,
-    /// `IBV_WC_ATOMIC_WRITE` (9; 7 is `IBV_WC_TSO`, 8 `IBV_WC_FLUSH`).
+    /// `IBV_WC_FLUSH` (8; 7 is `IBV_WC_TSO`).
+    Flush = 8,
+    /// `IBV_WC_ATOMIC_WRITE`.
     AtomicWrite = 9,
     /// `IBV_WC_RECV`: a SEND arrived into a receive WR.
     Recv = 128,
