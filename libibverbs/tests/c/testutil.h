@@ -43,12 +43,14 @@ static inline struct ibv_wc poll1(struct ibv_cq *cq)
 	return wc;
 }
 
-static inline void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
+/* Move an RC QP to RTS towards `dest` with the given qp_access_flags. */
+static inline void connect_qp_access(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid,
+				     unsigned int access)
 {
 	struct ibv_qp_attr a = {0};
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = 1;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	a.qp_access_flags = access;
 	EXPECT_RC(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 					       IBV_QP_ACCESS_FLAGS), 0);
 	memset(&a, 0, sizeof(a));
@@ -74,6 +76,11 @@ static inline void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *g
 	EXPECT_RC(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 					       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 					       IBV_QP_MAX_QP_RD_ATOMIC), 0);
+}
+
+static inline void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
+{
+	connect_qp_access(qp, dest, gid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 }
 
 static inline struct ibv_wc rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
