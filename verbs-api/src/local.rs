@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use local_link::{Inbox, PushError};
@@ -45,6 +46,28 @@ struct Pending {
     /// Per destination slot, in order: datagrams its full inbox refused.
     queues: HashMap<usize, VecDeque<Transmit>>,
     bytes: usize,
+    /// The inboxes written by the current `send`, to kick once each at its
+    /// end (kept here so a flush allocates nothing).
+    kick: Vec<Arc<Inbox>>,
+}
+
+impl Pending {
+    /// Queue `t` behind what waits for `slot`, or drop it past
+    /// [`MAX_PENDING_BYTES`] (counted in `out`).
+    fn queue(&mut self, slot: usize, t: Transmit, out: &mut Sent) {
+        if self.bytes + t.payload.len() > MAX_PENDING_BYTES {
+            out.dropped += 1;
+        } else {
+            self.bytes += t.payload.len();
+            self.queues.entry(slot).or_default().push_back(t);
+        }
+    }
+
+    fn kick_later(&mut self, inbox: &Arc<Inbox>) {
+        if !self.kick.iter().any(|k| Arc::ptr_eq(k, inbox)) {
+            self.kick.push(inbox.clone());
+        }
+    }
 }
 
 pub(crate) struct LocalLink {
@@ -57,6 +80,9 @@ pub(crate) struct LocalLink {
     device: String,
     peers: Mutex<HashMap<usize, Peer>>,
     pending: Mutex<Pending>,
+    /// `pending.bytes > 0`, readable without the lock (the progress loop
+    /// and every flush ask).
+    any_pending: AtomicBool,
 }
 
 /// What one [`LocalLink::send`] did.
@@ -81,6 +107,7 @@ impl LocalLink {
             device,
             peers: Mutex::new(peers),
             pending: Mutex::new(Pending::default()),
+            any_pending: AtomicBool::new(false),
         }
     }
 
@@ -133,7 +160,7 @@ impl LocalLink {
 
     /// Whether datagrams wait for room in a full inbox.
     pub(crate) fn has_pending(&self) -> bool {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).bytes > 0
+        self.any_pending.load(Ordering::Acquire)
     }
 
     /// Put `ts` into inboxes (after what waited for room), in order per
@@ -148,13 +175,12 @@ impl LocalLink {
     ) -> Sent {
         let mut out = Sent::default();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let mut kick: Vec<Arc<Inbox>> = Vec::new();
         // First what waited: each queue in order until its inbox is full.
         if pending.bytes > 0 {
             let slots: Vec<usize> = pending.queues.keys().copied().collect();
             for slot in slots {
                 let inbox = self.inbox(slot, now);
-                let Pending { queues, bytes } = &mut *pending;
+                let Pending { queues, bytes, .. } = &mut *pending;
                 let q = queues.get_mut(&slot).expect("listed");
                 while let Some(t) = q.front() {
                     let r = match &inbox {
@@ -163,88 +189,83 @@ impl LocalLink {
                         }
                         None => Err(PushError::Closed),
                     };
-                    match r {
-                        Ok(()) => {
-                            let t = q.pop_front().expect("front");
-                            *bytes -= t.payload.len();
-                            sent(&t);
-                        }
-                        Err(PushError::Full) => break,
-                        Err(_) => {
-                            // Its owner is gone: what waited for it is lost,
-                            // as it would be in a dead process's socket.
-                            let t = q.pop_front().expect("front");
-                            *bytes -= t.payload.len();
-                            out.dropped += 1;
-                        }
+                    if r == Err(PushError::Full) {
+                        break;
                     }
-                }
-                if let Some(i) = inbox {
-                    kick.push(i);
+                    let t = q.pop_front().expect("front");
+                    *bytes -= t.payload.len();
+                    match r {
+                        Ok(()) => sent(&t),
+                        // Its owner is gone: what waited for it is lost, as
+                        // it would be in a dead process's socket.
+                        Err(_) => out.dropped += 1,
+                    }
                 }
                 if q.is_empty() {
                     queues.remove(&slot);
                 }
+                if let Some(i) = inbox {
+                    pending.kick_later(&i);
+                }
             }
         }
+        // The inbox of the last destination: consecutive datagrams usually
+        // go to one peer, which then costs no lookup (lock) per datagram.
+        let mut cur: Option<(usize, Arc<Inbox>)> = None;
         for t in ts {
             let Some(slot) = self.dest_slot(&t, addr) else {
                 out.udp.push(t);
                 continue;
             };
-            let Pending { queues, bytes } = &mut *pending;
-            if let Some(q) = queues.get_mut(&slot) {
+            if pending.queues.contains_key(&slot) {
                 // Behind what already waits for this inbox.
-                if *bytes + t.payload.len() > MAX_PENDING_BYTES {
-                    out.dropped += 1;
-                } else {
-                    *bytes += t.payload.len();
-                    q.push_back(t);
-                }
+                pending.queue(slot, t, &mut out);
                 continue;
             }
             let mut retried = false;
             loop {
-                let Some(inbox) = self.inbox(slot, now) else {
-                    out.udp.push(t);
-                    break;
+                let inbox = match &cur {
+                    Some((s, i)) if *s == slot => i.clone(),
+                    _ => match self.inbox(slot, now) {
+                        Some(i) => {
+                            cur = Some((slot, i.clone()));
+                            i
+                        }
+                        None => {
+                            out.udp.push(t);
+                            break;
+                        }
+                    },
                 };
                 match inbox.push(self.slot, t.info.src_port, t.ecn.tos(t.dscp), &t.payload) {
                     Ok(()) => {
                         sent(&t);
-                        if !kick.iter().any(|k| Arc::ptr_eq(k, &inbox)) {
-                            kick.push(inbox);
-                        }
+                        pending.kick_later(&inbox);
                     }
                     Err(PushError::Full) => {
-                        if pending.bytes + t.payload.len() > MAX_PENDING_BYTES {
-                            out.dropped += 1;
-                        } else {
-                            pending.bytes += t.payload.len();
-                            pending.queues.entry(slot).or_default().push_back(t);
-                        }
-                        if !kick.iter().any(|k| Arc::ptr_eq(k, &inbox)) {
-                            kick.push(inbox);
-                        }
+                        pending.queue(slot, t, &mut out);
+                        pending.kick_later(&inbox);
                     }
                     Err(PushError::Closed) if !retried => {
                         // The slot may have a new owner with a new inbox.
                         self.forget(slot, now, true);
+                        cur = None;
                         retried = true;
                         continue;
                     }
                     Err(_) => {
                         self.forget(slot, now, false);
+                        cur = None;
                         out.udp.push(t);
                     }
                 }
                 break;
             }
         }
-        drop(pending);
-        for i in kick {
+        for i in pending.kick.drain(..) {
             i.kick();
         }
+        self.any_pending.store(pending.bytes > 0, Ordering::Release);
         out
     }
 }
