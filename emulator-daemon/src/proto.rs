@@ -5,7 +5,7 @@
 //! ```text
 //! OPEN <device>            -> OK name=rxe0 addr=127.0.0.1 netdev_mtu=65536 slot=3
 //!                                qpn_lo=0x30011 qpn_hi=0x3ffff qpn_first=0x31011 key_seed=...
-//!                                [like=mlx5 [cc=rpg_ai_rate:10,min_time_between_cnps:8]]
+//!                                [like=6.1|6.12|mlx5 [cc=rpg_ai_rate:10,min_time_between_cnps:8]]
 //!                             ERR <message>
 //! STATUS                   -> OK <n> followed by n lines
 //! STOP                     -> OK stopping
@@ -56,8 +56,9 @@ pub struct DeviceInfo {
     pub qpn_first: u32,
     /// Seed for the client's key bytes.
     pub key_seed: u64,
-    /// Congestion behaviour: kernel rxe's (`like=` absent) or ConnectX's.
-    pub cc_model: rxe_core::CcModel,
+    /// What the device is like: the newest kernel rxe (`like=` absent), an
+    /// older one or ConnectX.
+    pub like: rxe_core::Like,
     /// Congestion-control parameters that differ from the defaults, in
     /// `CcParams::specs` order (`rxe-emu cc set`).
     pub cc_params: Vec<(String, u32)>,
@@ -77,8 +78,8 @@ impl DeviceInfo {
             self.qpn_first,
             self.key_seed
         );
-        if self.cc_model != rxe_core::CcModel::RxeLike {
-            l += &format!(" like={}", self.cc_model.name());
+        if self.like != rxe_core::Like::default() {
+            l += &format!(" like={}", self.like.name());
         }
         if !self.cc_params.is_empty() {
             let kv: Vec<String> = self
@@ -130,9 +131,9 @@ impl DeviceInfo {
             qpn_hi: u32_of("qpn_hi")?,
             qpn_first: u32_of("qpn_first")?,
             key_seed: num("key_seed")?,
-            cc_model: match get.get("like") {
-                None => rxe_core::CcModel::RxeLike,
-                Some(m) => rxe_core::CcModel::from_name(m)
+            like: match get.get("like") {
+                None => rxe_core::Like::default(),
+                Some(m) => rxe_core::Like::from_name(m)
                     .ok_or_else(|| format!("rxe-emud reply has an unknown like={m}: {line:?}"))?,
             },
             cc_params: match get.get("cc") {
@@ -165,14 +166,14 @@ mod tests {
             qpn_hi: 0x5ffff,
             qpn_first: 0x51011,
             key_seed: 77,
-            cc_model: rxe_core::CcModel::RxeLike,
+            like: rxe_core::Like::default(),
             cc_params: Vec::new(),
         };
         assert_eq!(DeviceInfo::from_line(&d.to_line()).unwrap(), d);
         // A kernel-rxe-like device's reply is what it always was.
         assert!(!d.to_line().contains("like=") && !d.to_line().contains("cc="));
         let mlx5 = DeviceInfo {
-            cc_model: rxe_core::CcModel::Mlx5Like,
+            like: rxe_core::Like::from_name("mlx5").unwrap(),
             cc_params: vec![("rpg_ai_rate".into(), 10), ("rpg_gd".into(), 9)],
             ..d.clone()
         };
@@ -181,6 +182,12 @@ mod tests {
             .ends_with(" like=mlx5 cc=rpg_ai_rate:10,rpg_gd:9"));
         assert_eq!(DeviceInfo::from_line(&mlx5.to_line()).unwrap(), mlx5);
         assert!(DeviceInfo::from_line(&(d.to_line() + " like=cx9")).is_err());
+        let v61 = DeviceInfo {
+            like: rxe_core::Like::from_name("6.1").unwrap(),
+            ..d.clone()
+        };
+        assert!(v61.to_line().ends_with(" like=6.1"));
+        assert_eq!(DeviceInfo::from_line(&v61.to_line()).unwrap(), v61);
         assert!(DeviceInfo::from_line(&(d.to_line() + " cc=rpg_gd")).is_err());
         assert!(DeviceInfo::from_line("ERR no such device").is_err());
         assert!(DeviceInfo::from_line("OK name=rxe0").is_err());

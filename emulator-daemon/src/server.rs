@@ -54,35 +54,40 @@ pub struct DeviceSpec {
     /// MTU of its netdev; `None` looks it up (the interface that has the
     /// address), 65536 for loopback and 1500 if not found.
     pub netdev_mtu: Option<u32>,
-    /// Whose congestion behaviour it has: kernel rxe's (the default) or
-    /// ConnectX's (`like=mlx5`: ECN, CNPs, DCQCN).
-    pub like: rxe_core::CcModel,
+    /// What it is like: the newest kernel rxe (the default), an older one
+    /// (`like=6.1`, `like=6.12`) or ConnectX (`like=mlx5`: ECN, CNPs,
+    /// DCQCN).
+    pub like: rxe_core::Like,
 }
 
 impl std::str::FromStr for DeviceSpec {
     type Err = String;
     /// `NAME=ADDR`, `NAME=ADDR/MTU` or `NAME=netdev:IFNAME`, each
-    /// optionally followed by `,like=rxe` (the default) or `,like=mlx5`.
+    /// optionally followed by `,like=rxe` (the default), `,like=6.1`,
+    /// `,like=6.12`, `,like=7.2` or `,like=mlx5`.
     fn from_str(s: &str) -> Result<Self, String> {
         let (name, rest) = s.split_once('=').ok_or_else(|| {
-            format!("device {s:?}: expected NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IFNAME, optionally with ,like=rxe|mlx5")
+            format!("device {s:?}: expected NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IFNAME, optionally with ,like=rxe|6.1|6.12|7.2|mlx5")
         })?;
         if name.is_empty() || name.len() > 63 || !name.chars().all(|c| c.is_ascii_graphic()) {
             return Err(format!("device {s:?}: bad name"));
         }
         let mut options = rest.split(',');
         let rest = options.next().unwrap_or("");
-        let mut like = rxe_core::CcModel::RxeLike;
+        let mut like = rxe_core::Like::default();
         for o in options {
             match o.split_once('=') {
                 Some(("like", m)) => {
-                    like = rxe_core::CcModel::from_name(m).ok_or_else(|| {
-                        format!("device {s:?}: like={m:?}: expected rxe (kernel rxe) or mlx5 (ConnectX: ECN, CNPs, DCQCN)")
+                    like = rxe_core::Like::from_name(m).ok_or_else(|| {
+                        format!(
+                            "device {s:?}: like={m:?}: expected {}",
+                            rxe_core::Like::NAMES
+                        )
                     })?;
                 }
                 _ => {
                     return Err(format!(
-                        "device {s:?}: unknown option {o:?} (like=rxe|mlx5)"
+                        "device {s:?}: unknown option {o:?} (like=rxe|6.1|6.12|7.2|mlx5)"
                     ))
                 }
             }
@@ -130,9 +135,10 @@ impl std::fmt::Display for DeviceSpec {
             (Binding::Addr(a), Some(m)) => write!(f, "{}={a}/{m}", self.name)?,
             (Binding::Addr(a), None) => write!(f, "{}={a}", self.name)?,
         }
-        match self.like {
-            rxe_core::CcModel::RxeLike => Ok(()),
-            m => write!(f, ",like={}", m.name()),
+        if self.like == rxe_core::Like::default() {
+            Ok(())
+        } else {
+            write!(f, ",like={}", self.like.name())
         }
     }
 }
@@ -1200,7 +1206,7 @@ impl Server {
             qpn_hi: hi,
             qpn_first: first,
             key_seed: seed,
-            cc_model: dev.spec.like,
+            like: dev.spec.like,
             cc_params: dev
                 .cc
                 .overrides()
@@ -1419,9 +1425,10 @@ impl Server {
     /// default, range and meaning.
     fn cc_show(&self, name: &str) -> Result<String, String> {
         let dev = &self.devices[self.device_index(name)?];
-        let mut out = match dev.spec.like {
+        let like = dev.spec.like.name();
+        let mut out = match dev.spec.like.cc {
             rxe_core::CcModel::RxeLike => format!(
-                "link {name}/1 like rxe: kernel rxe's congestion behaviour (Not-ECT, CE ignored, CNPs dropped); these parameters apply to devices added with --like mlx5\n"
+                "link {name}/1 like {like}: kernel rxe's congestion behaviour (Not-ECT, CE ignored, CNPs dropped); these parameters apply to devices added with --like mlx5\n"
             ),
             rxe_core::CcModel::Mlx5Like => format!(
                 "link {name}/1 like mlx5: ECT(0) out, a CNP for each CE-marked data packet (at most one per min_time_between_cnps per QP), DCQCN pacing each QP\n"
@@ -1457,7 +1464,7 @@ impl Server {
     fn cc_update(&mut self, name: &str, kvs: &str) -> Result<String, String> {
         let d = self.device_index(name)?;
         let dev = &self.devices[d];
-        if dev.spec.like != rxe_core::CcModel::Mlx5Like {
+        if dev.spec.like.cc != rxe_core::CcModel::Mlx5Like {
             return Err(format!(
                 "device {name} is kernel-rxe-like: it has no congestion control to set (add a device with --like mlx5)"
             ));
@@ -1566,24 +1573,33 @@ mod tests {
             "rxe3=10.0.0.3,like=mlx5",
             "rxe4=10.0.0.4/1500,like=mlx5",
             "rxe5=netdev:eth1,like=mlx5",
+            "rxe6=10.0.0.6,like=6.1",
+            "rxe7=netdev:eth2,like=6.12",
         ] {
             let s: DeviceSpec = text.parse().unwrap();
             assert_eq!(s.to_string(), text);
         }
         let s: DeviceSpec = "rxe0=10.0.0.1".parse().unwrap();
-        assert_eq!(s.like, rxe_core::CcModel::RxeLike);
-        // like=rxe is the default, so it prints as before.
-        let s: DeviceSpec = "rxe0=10.0.0.1,like=rxe".parse().unwrap();
-        assert_eq!(
-            (s.like, s.to_string()),
-            (rxe_core::CcModel::RxeLike, "rxe0=10.0.0.1".into())
-        );
+        assert_eq!(s.like, rxe_core::Like::default());
+        // like=rxe (and like=7.2, the newest kernel) is the default, so it
+        // prints as before.
+        for l in ["rxe", "7.2"] {
+            let s: DeviceSpec = format!("rxe0=10.0.0.1,like={l}").parse().unwrap();
+            assert_eq!(
+                (s.like, s.to_string()),
+                (rxe_core::Like::default(), "rxe0=10.0.0.1".into())
+            );
+        }
         let s: DeviceSpec = "rxe0=netdev:lo,like=mlx5".parse().unwrap();
-        assert_eq!(s.like, rxe_core::CcModel::Mlx5Like);
-        assert!("rxe0=10.0.0.1,like=cx7"
-            .parse::<DeviceSpec>()
-            .unwrap_err()
-            .contains("expected rxe (kernel rxe) or mlx5"));
+        assert_eq!(s.like.cc, rxe_core::CcModel::Mlx5Like);
+        let s: DeviceSpec = "rxe0=10.0.0.1,like=6.1".parse().unwrap();
+        assert_eq!(s.like.release, rxe_core::RxeRelease::V6_1);
+        for bad in ["cx7", "6.2", "6"] {
+            assert!(format!("rxe0=10.0.0.1,like={bad}")
+                .parse::<DeviceSpec>()
+                .unwrap_err()
+                .contains("expected rxe (kernel rxe 7.2), 6.1, 6.12, 7.2 or mlx5"));
+        }
         assert!("rxe0=10.0.0.1,speed=100"
             .parse::<DeviceSpec>()
             .unwrap_err()

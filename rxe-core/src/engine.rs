@@ -48,6 +48,11 @@ pub struct EngineConfig {
     /// Congestion control: kernel rxe's none (the default) or ConnectX's
     /// ECN/CNP/DCQCN, with its parameters (`crate::cc`).
     pub cc: crate::cc::CcConfig,
+    /// The kernel rxe release this device behaves as where releases
+    /// differ (`crate::model::RxeRelease`). Set it with
+    /// [`EngineConfig::set_release`], which also sets the limits that
+    /// depend on it.
+    pub release: crate::model::RxeRelease,
 }
 
 impl EngineConfig {
@@ -63,7 +68,14 @@ impl EngineConfig {
             key_space: crate::mr::KeySpace::default(),
             qpn_first: None,
             cc: crate::cc::CcConfig::default(),
+            release: crate::model::RxeRelease::default(),
         }
+    }
+
+    /// Behave as kernel rxe `release` (and report its `max_msg_sz`).
+    pub fn set_release(&mut self, release: crate::model::RxeRelease) {
+        self.release = release;
+        self.caps.max_msg_sz = release.max_msg_sz();
     }
 }
 
@@ -364,7 +376,8 @@ impl<M: Memory> Engine<M> {
             timers: std::collections::BTreeSet::new(),
             ctx: Ctx {
                 mem,
-                keys: KeyTable::with_space(seed, cfg.key_space),
+                keys: KeyTable::with_space(seed, cfg.key_space)
+                    .with_local_rkey_zero(!cfg.release.local_mr_rkey_is_lkey()),
                 cqs: HashMap::new(),
                 srqs: HashMap::new(),
                 ahs: HashMap::new(),
@@ -534,7 +547,7 @@ impl<M: Memory> Engine<M> {
                 "IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC require IBV_ACCESS_LOCAL_WRITE".into(),
             ));
         }
-        refuse_persistent(access)?;
+        refuse_flush_access(self.ctx.cfg.release, access)?;
         if length > self.ctx.cfg.caps.max_mr_size {
             return Err(Error::Invalid(format!(
                 "length {length} exceeds the largest MR ({} bytes)",
@@ -599,7 +612,7 @@ impl<M: Memory> Engine<M> {
                 "IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC require IBV_ACCESS_LOCAL_WRITE".into(),
             ));
         }
-        refuse_persistent(access)?;
+        refuse_flush_access(self.ctx.cfg.release, access)?;
         let zero_based = access.contains(AccessFlags::ZERO_BASED);
         let (host_addr, length, iova) = match range {
             Some((addr, length, iova)) => {
@@ -1478,7 +1491,11 @@ impl<M: Memory> Engine<M> {
             .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
         let mut a = q.attr;
         a.qp_state = Some(q.state);
-        a.cur_qp_state = Some(q.state);
+        a.cur_qp_state = Some(if self.ctx.cfg.release.query_qp_reports_cur_state() {
+            q.state
+        } else {
+            QpState::Reset
+        });
         a.sq_draining = q.sq_draining;
         a.sq_psn = q.req_psn.value();
         a.rq_psn = q.resp_psn.value();
@@ -1824,8 +1841,16 @@ impl<M: Memory> Engine<M> {
 /// persistent-memory pages (`rxe_mr_fill_pages_from_sgt`: "Unable to
 /// register persistent access to non-pmem device", -EINVAL). No memory
 /// this engine is given is persistent, so it is always refused, with
-/// EINVAL; `IBV_ACCESS_FLUSH_GLOBAL` is accepted.
-fn refuse_persistent(access: AccessFlags) -> Result<()> {
+/// EINVAL; `IBV_ACCESS_FLUSH_GLOBAL` is accepted. Before 6.2 neither
+/// flag existed: the core refused both as unknown access bits (EINVAL).
+fn refuse_flush_access(release: crate::model::RxeRelease, access: AccessFlags) -> Result<()> {
+    let flush = AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT;
+    if !release.has_flush_and_atomic_write() && access.intersects(flush) {
+        return Err(Error::Invalid(format!(
+            "IBV_ACCESS_FLUSH_GLOBAL/PERSISTENT: unknown to kernel rxe {} (FLUSH came in 6.2)",
+            release.name()
+        )));
+    }
     if access.contains(AccessFlags::FLUSH_PERSISTENT) {
         return Err(Error::Invalid(
             "IBV_ACCESS_FLUSH_PERSISTENT needs persistent memory (pmem), and this memory is not"
@@ -1864,6 +1889,15 @@ fn validate_send<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, wr: SendWr) -> Result<Sen
         QpType::XrcSend => !matches!(wr.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }),
         QpType::XrcRecv => false,
     };
+    if matches!(wr.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. })
+        && !ctx.cfg.release.has_flush_and_atomic_write()
+    {
+        return Err(Error::Invalid(format!(
+            "opcode {} is unknown to kernel rxe {} (FLUSH and ATOMIC WRITE came in 6.2)",
+            wr.op.name(),
+            ctx.cfg.release.name()
+        )));
+    }
     if qp.qp_type == QpType::XrcSend && wr.xrc_remote_srqn.is_none() {
         return Err(Error::Invalid(
             "a WR on an XRC_SEND QP must name the remote XRC SRQ (remote_srqn)".into(),

@@ -55,6 +55,7 @@ pub use engine::{
     QpSummary, RxDatagram, SrqAttr, Transmit,
 };
 pub use error::{Error, Result};
+pub use model::{Like, RxeRelease};
 pub use mr::{AccessFlags, KeySpace, MwType};
 pub use qp_attr::{AhAttr, MigState, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 pub use time::Instant;

@@ -11,6 +11,120 @@ use crate::cc::CcModel;
 use crate::qp::hash_32;
 use crate::qp_attr::{MigState, QpType};
 
+/// Which kernel rxe a device behaves as where kernel releases differ
+/// (`rxe-emu link add --like 6.1|6.12|7.2`). The reference kernels are
+/// the ones the interop suite runs against: Debian 12's 6.1, Debian 13's
+/// 6.12 and sid's 7.2. What differs, and since when, is listed in
+/// `docs/kernels.md`; each difference is decided by one method here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RxeRelease {
+    /// Linux 6.1 (Debian 12).
+    V6_1,
+    /// Linux 6.12 (Debian 13).
+    V6_12,
+    /// Linux 7.2 (Debian sid): the newest, and the default.
+    #[default]
+    V7_2,
+}
+
+impl RxeRelease {
+    /// Every reference release, oldest first.
+    pub const ALL: [RxeRelease; 3] = [RxeRelease::V6_1, RxeRelease::V6_12, RxeRelease::V7_2];
+
+    /// `6.1`, `6.12`, `7.2`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RxeRelease::V6_1 => "6.1",
+            RxeRelease::V6_12 => "6.12",
+            RxeRelease::V7_2 => "7.2",
+        }
+    }
+
+    /// The release called `name` ([`RxeRelease::name`]).
+    pub fn from_name(name: &str) -> Option<RxeRelease> {
+        RxeRelease::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// FLUSH (opcode 0x1C) and ATOMIC WRITE (0x1D), their device capability
+    /// bits and `IBV_ACCESS_FLUSH_*`: since Linux 6.2. A 6.1-like device
+    /// refuses to post them and its responder drops them as opcodes it
+    /// does not know.
+    pub fn has_flush_and_atomic_write(self) -> bool {
+        self >= RxeRelease::V6_12
+    }
+
+    /// The rkey of an MR registered without remote access: 0 up to 6.4
+    /// (6.1 `rxe_mr_init`: `rkey = (access & IB_ACCESS_REMOTE) ? lkey :
+    /// 0`), the lkey from 6.5.
+    pub fn local_mr_rkey_is_lkey(self) -> bool {
+        self >= RxeRelease::V6_12
+    }
+
+    /// The port's `max_msg_sz`: `RXE_PORT_MAX_MSG_SZ` 0x800000 (8 MiB) in
+    /// 6.1, 2^31 since 6.14, and in Debian's 6.12 (6.12.117 reports 2^31:
+    /// the change reached the 6.12 stable series; measured by the interop
+    /// suite's `facts` run).
+    pub fn max_msg_sz(self) -> u32 {
+        if self >= RxeRelease::V6_12 {
+            0x8000_0000
+        } else {
+            0x80_0000
+        }
+    }
+
+    /// Whether `ibv_query_qp` reports the QP's state in `cur_qp_state`.
+    /// 6.1 reports what `qp->attr.cur_qp_state` holds, which only a modify
+    /// with `IBV_QP_CUR_STATE` sets: RESET (0) for every QP whose program
+    /// never passed it (rxe-emu 6.1-like devices report RESET always).
+    /// Filled in since 6.13, and in Debian's 6.12.117 (measured by the
+    /// interop suite's `facts` run).
+    pub fn query_qp_reports_cur_state(self) -> bool {
+        self >= RxeRelease::V6_12
+    }
+}
+
+/// What a device is like: kernel rxe of one release, or ConnectX
+/// (`--like rxe|6.1|6.12|7.2|mlx5`). ConnectX-like devices take the
+/// newest kernel rxe's answers where the congestion model and
+/// [`bth_mig_req`]/[`ud_src_port`] do not decide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Like {
+    /// Congestion control and ConnectX wire traits.
+    pub cc: CcModel,
+    /// The kernel rxe release whose verbs and wire behaviour it follows.
+    pub release: RxeRelease,
+}
+
+impl Like {
+    /// The names `--like` takes, for messages.
+    pub const NAMES: &'static str = "rxe (kernel rxe 7.2), 6.1, 6.12, 7.2 or mlx5";
+
+    /// The name it is given on the command line: `rxe` for the newest
+    /// kernel rxe (the default), `6.1`/`6.12` for older ones, `mlx5`.
+    pub fn name(self) -> &'static str {
+        match (self.cc, self.release) {
+            (CcModel::Mlx5Like, _) => "mlx5",
+            (CcModel::RxeLike, r) if r == RxeRelease::default() => "rxe",
+            (CcModel::RxeLike, r) => r.name(),
+        }
+    }
+
+    /// The device called `name` ([`Like::name`]; `7.2` is `rxe`).
+    pub fn from_name(name: &str) -> Option<Like> {
+        match name {
+            "rxe" => Some(Like::default()),
+            "mlx5" => Some(Like {
+                cc: CcModel::Mlx5Like,
+                release: RxeRelease::default(),
+            }),
+            r => RxeRelease::from_name(r).map(|release| Like {
+                cc: CcModel::RxeLike,
+                release,
+            }),
+        }
+    }
+}
+
 /// The lowest port of the RoCEv2 UDP source port range,
 /// `IB_ROCE_UDP_ENCAP_VALID_PORT_MIN` (0xC000); the range ends at 0xFFFF.
 pub const ROCE_SPORT_MIN: u16 = 0xC000;
@@ -69,6 +183,25 @@ pub fn ud_src_port(model: CcModel, qp_port: u16, ah_handle: u32, ah_flow_label: 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn like_names() {
+        use super::{Like, RxeRelease};
+        for n in ["rxe", "6.1", "6.12", "mlx5"] {
+            assert_eq!(Like::from_name(n).unwrap().name(), n);
+        }
+        assert_eq!(Like::from_name("7.2"), Like::from_name("rxe"));
+        assert!(Like::from_name("6.2").is_none() && Like::from_name("").is_none());
+        assert_eq!(Like::default().release, RxeRelease::V7_2);
+        let v61 = RxeRelease::V6_1;
+        assert!(!v61.has_flush_and_atomic_write() && !v61.local_mr_rkey_is_lkey());
+        assert_eq!(v61.max_msg_sz(), 0x80_0000);
+        assert_eq!(RxeRelease::V6_12.max_msg_sz(), 1 << 31);
+        assert_eq!(RxeRelease::V7_2.max_msg_sz(), 1 << 31);
+        assert!(!v61.query_qp_reports_cur_state());
+        assert!(RxeRelease::V6_12.query_qp_reports_cur_state());
+        assert!(RxeRelease::V6_12.has_flush_and_atomic_write());
+    }
+
     use super::*;
 
     #[test]

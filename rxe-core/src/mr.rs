@@ -263,6 +263,21 @@ pub struct KeyTable {
     next_mw_index: u32,
     key_state: u64,
     space: KeySpace,
+    /// MRs without remote access get rkey 0 (kernel rxe up to 6.4;
+    /// `RxeRelease::local_mr_rkey_is_lkey`).
+    local_rkey_zero: bool,
+}
+
+/// The rkey of an MR with lkey `key` and `access`: the lkey, or 0 for an
+/// MR without remote access when `local_rkey_zero` (kernel rxe up to 6.4:
+/// `rkey = (access & IB_ACCESS_REMOTE) ? lkey : 0`).
+fn rkey_for(local_rkey_zero: bool, key: u32, access: AccessFlags) -> u32 {
+    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if local_rkey_zero && !access.intersects(remote) {
+        0
+    } else {
+        key
+    }
 }
 
 fn in_bounds(start: u64, length: u64, addr: u64, len: u64) -> bool {
@@ -288,7 +303,15 @@ impl KeyTable {
             next_mw_index: space.mw_first,
             key_state: seed | 1,
             space,
+            local_rkey_zero: false,
         }
+    }
+
+    /// Give MRs registered without remote access the rkey 0, as kernel
+    /// rxe did up to 6.4 (`RxeRelease::local_mr_rkey_is_lkey`).
+    pub fn with_local_rkey_zero(mut self, on: bool) -> Self {
+        self.local_rkey_zero = on;
+        self
     }
 
     fn next_key_byte(&mut self) -> u32 {
@@ -340,12 +363,13 @@ impl KeyTable {
         } else {
             host_addr
         };
+        let rkey = rkey_for(self.local_rkey_zero, key, access);
         self.mrs.insert(
             idx,
             Mr {
                 pd,
                 lkey: key,
-                rkey: key,
+                rkey,
                 host_addr,
                 iova,
                 length,
@@ -410,6 +434,7 @@ impl KeyTable {
         access: Option<AccessFlags>,
     ) -> Result<&Mr, String> {
         let key_byte = self.next_key_byte();
+        let local_rkey_zero = self.local_rkey_zero;
         let mr = self
             .mrs
             .get_mut(&(lkey >> 8))
@@ -435,7 +460,7 @@ impl KeyTable {
         };
         let key = (lkey & !0xff) | key_byte;
         mr.lkey = key;
-        mr.rkey = key;
+        mr.rkey = rkey_for(local_rkey_zero, key, mr.access);
         Ok(mr)
     }
 

@@ -41,6 +41,17 @@ pub(crate) fn handle<M: Memory>(
         }
     };
     let bth = pkt.bth;
+    // FLUSH and ATOMIC WRITE are opcodes kernel rxe learnt in 6.2; a
+    // 6.1-like device does not know them (RxeRelease::has_flush_and_atomic_write).
+    if !ctx.cfg.release.has_flush_and_atomic_write()
+        && matches!(
+            bth.opcode,
+            wire::Opcode::RC_FLUSH | wire::Opcode::RC_ATOMIC_WRITE
+        )
+    {
+        ctx.counters.rcvd_malformed += 1;
+        return None;
+    }
     // P_Key: the table has only the default key; accept full or limited
     // membership of it (kernel pkey_match_default).
     if bth.pkey & 0x7fff != 0x7fff {

@@ -165,6 +165,9 @@ pub struct DeviceConfig {
     /// codepoint read from each received datagram, CNPs and DCQCN), with
     /// its parameters.
     pub cc: rxe_core::CcConfig,
+    /// The kernel rxe release it behaves as where releases differ
+    /// (`rxe_core::RxeRelease`; default the newest).
+    pub release: rxe_core::RxeRelease,
 }
 
 impl DeviceConfig {
@@ -177,7 +180,15 @@ impl DeviceConfig {
             netdev_mtu: if addr.is_loopback() { 65536 } else { 1500 },
             fault: None,
             cc: rxe_core::CcConfig::default(),
+            release: rxe_core::RxeRelease::default(),
         }
+    }
+
+    /// Behave as `like` (`--like`, `RXE_EMU_LIKE`): its congestion model
+    /// and kernel rxe release.
+    pub fn set_like(&mut self, like: rxe_core::Like) {
+        self.cc.model = like.cc;
+        self.release = like.release;
     }
 }
 
@@ -412,7 +423,7 @@ pub fn open_device(name: &str, fallback: IpAddr) -> Result<Device> {
         };
         let mut cfg = DeviceConfig::new(addr);
         cfg.name = name.to_string();
-        cfg.cc.model = like_from_env()?;
+        cfg.set_like(like_from_env()?);
         Device::open(cfg)
     };
     match mode.as_str() {
@@ -432,16 +443,18 @@ pub fn open_device(name: &str, fallback: IpAddr) -> Result<Device> {
     }
 }
 
-/// `RXE_EMU_LIKE`: `rxe` (or unset: kernel rxe's behaviour) or `mlx5`
-/// (ConnectX's ECN, CNPs and DCQCN), for in-process devices.
-pub fn like_from_env() -> Result<rxe_core::CcModel> {
+/// `RXE_EMU_LIKE`: `rxe` (or unset: the newest kernel rxe), `6.1`,
+/// `6.12`, `7.2` (that kernel rxe) or `mlx5` (ConnectX's ECN, CNPs and
+/// DCQCN), for in-process devices.
+pub fn like_from_env() -> Result<rxe_core::Like> {
     match std::env::var("RXE_EMU_LIKE") {
-        Ok(v) if !v.is_empty() => rxe_core::CcModel::from_name(&v).ok_or_else(|| {
+        Ok(v) if !v.is_empty() => rxe_core::Like::from_name(&v).ok_or_else(|| {
             Error::Config(format!(
-                "RXE_EMU_LIKE={v:?}: expected rxe (kernel rxe) or mlx5 (ConnectX: ECN, CNPs, DCQCN)"
+                "RXE_EMU_LIKE={v:?}: expected {}",
+                rxe_core::Like::NAMES
             ))
         }),
-        _ => Ok(rxe_core::CcModel::RxeLike),
+        _ => Ok(rxe_core::Like::default()),
     }
 }
 
@@ -1624,9 +1637,10 @@ impl Device {
             netdev_mtu: info.netdev_mtu,
             fault: None,
             cc: rxe_core::CcConfig {
-                model: info.cc_model,
+                model: info.like.cc,
                 params,
             },
+            release: info.like.release,
         };
         let mtu = Mtu::for_netdev_mtu(cfg.netdev_mtu).ok_or_else(|| {
             Error::Config(format!(
@@ -1692,6 +1706,7 @@ impl Device {
         ecfg.gids = gid_table(cfg.addr);
         ecfg.port_mtu = mtu;
         ecfg.cc = cfg.cc.clone();
+        ecfg.set_release(cfg.release);
         // A ConnectX-like device reads the ECN codepoint of what it
         // receives; a kernel-rxe-like one ignores it (and keeps recv_from).
         let recv_tos = cfg.cc.model == rxe_core::CcModel::Mlx5Like;
@@ -1825,6 +1840,11 @@ impl Device {
     /// Protocol counters.
     pub fn counters(&self) -> rxe_core::Counters {
         self.inner.lock().counters().clone()
+    }
+
+    /// The kernel rxe release the device behaves as where releases differ.
+    pub fn release(&self) -> rxe_core::RxeRelease {
+        self.inner.cfg.release
     }
 
     /// The device's congestion behaviour (kernel rxe's or ConnectX's) and

@@ -20,11 +20,11 @@ enum Cmd {
     /// Start the daemon in the background (if it is not running).
     Start {
         /// A device to host: NAME=ADDR, NAME=ADDR/MTU or NAME=netdev:IF,
-        /// with ,like=mlx5 for a ConnectX-like one (default rxe0=127.0.0.1,
-        /// kernel-rxe-like). `link add` adds more later.
+        /// with ,like=L as in `link add --like` (default rxe0=127.0.0.1,
+        /// like the newest kernel rxe). `link add` adds more later.
         #[arg(
             long = "device",
-            value_name = "NAME=ADDR[/MTU][,like=mlx5]|NAME=netdev:IF[,like=mlx5]"
+            value_name = "NAME=ADDR[/MTU][,like=L]|NAME=netdev:IF[,like=L]"
         )]
         devices: Vec<String>,
         /// Serve every user (system-wide daemon).
@@ -180,10 +180,12 @@ enum LinkCmd {
         /// its first global IPv6 address) and its MTU.
         #[arg(long, value_name = "IFNAME")]
         netdev: Option<String>,
-        /// Whose congestion behaviour: rxe (kernel rxe: Not-ECT, CE marks
-        /// and CNPs ignored) or mlx5 (ConnectX: ECT(0), CNPs for CE marks,
-        /// DCQCN pacing each QP; `rxe-emu cc` sets its parameters).
-        #[arg(long, default_value = "rxe", value_parser = ["rxe", "mlx5"])]
+        /// What the device is like: rxe (the newest kernel rxe, 7.2), a
+        /// given kernel rxe (6.1, 6.12, 7.2: where releases differ, see
+        /// docs/kernels.md), or mlx5 (ConnectX: ECT(0), CNPs for CE marks,
+        /// DCQCN pacing each QP; `rxe-emu cc` sets its parameters). Kernel
+        /// rxe ignores CE marks and CNPs.
+        #[arg(long, default_value = "rxe", value_parser = ["rxe", "6.1", "6.12", "7.2", "mlx5"])]
         like: String,
     },
     /// Show the devices (or one).
@@ -479,7 +481,7 @@ fn link(path: &std::path::Path, cmd: LinkCmd) {
                 (None, Some(n)) => format!("{name}=netdev:{n}"),
                 (None, None) => die("link add needs --addr or --netdev"),
             };
-            if like != "rxe" {
+            if like != "rxe" && like != "7.2" {
                 spec += &format!(",like={like}");
             }
             // Checked here too, so a bad spec is not first met by a

@@ -1,6 +1,6 @@
 //! rxe-emud: host rxe-emu devices that many processes share.
 //!
-//! `rxe-emud [--device NAME=ADDR[/MTU][,like=mlx5]|NAME=netdev:IF[,like=mlx5]]... [--socket PATH] [--slots N] [--any-user]`
+//! `rxe-emud [--device NAME=ADDR[/MTU][,like=L]|NAME=netdev:IF[,like=L]]... [--socket PATH] [--slots N] [--any-user]`
 //! (default device: rxe0=127.0.0.1). Usually started by `rxe-emu start`.
 
 use std::path::PathBuf;
@@ -15,11 +15,12 @@ use emulator_daemon::server::{DeviceSpec, Server, ServerConfig, DEFAULT_SLOTS};
 struct Args {
     /// A device to host: NAME=ADDR, NAME=ADDR/MTU to set the netdev MTU,
     /// or NAME=netdev:IFNAME to take an interface's address and MTU; add
-    /// ,like=mlx5 for a ConnectX-like device (ECN, CNPs, DCQCN) instead of
-    /// a kernel-rxe-like one (,like=rxe, the default).
+    /// ,like=mlx5 for a ConnectX-like device (ECN, CNPs, DCQCN), or
+    /// ,like=6.1 / ,like=6.12 for an older kernel rxe, instead of the
+    /// newest kernel rxe (,like=rxe, the default; also ,like=7.2).
     #[arg(
         long = "device",
-        value_name = "NAME=ADDR[/MTU][,like=mlx5]|NAME=netdev:IF"
+        value_name = "NAME=ADDR[/MTU][,like=L]|NAME=netdev:IF"
     )]
     devices: Vec<DeviceSpec>,
     /// Control socket (default: $RXE_EMU_SOCKET, else the user's runtime dir).
