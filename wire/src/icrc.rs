@@ -17,6 +17,17 @@
 //! little-endian byte order: kernel rxe writes the `u32` in host order, and
 //! every reference capture (x86_64) has it little-endian.
 //!
+//! One exception, kernel rxe's and so ours: a FLUSH (opcode 0x1C). Kernel
+//! rxe's opcode table (`rxe_opcode.c`, 6.2 to 7.2 at least) gives FLUSH
+//! no payload offset, so `rxe_icrc_check`/`rxe_icrc_generate` take its
+//! "payload" from the first byte of the BTH: after the 32 header bytes
+//! (BTH masked as above, FETH, RETH) the CRC covers the whole packet again,
+//! unmasked. Found by the interop suite (Linux 6.12 and 7.2 rejected every
+//! IBTA-correct FLUSH and sent only such ICRCs). [`compute`] and [`write`]
+//! give a FLUSH kernel rxe's ICRC, so kernel rxe takes our FLUSHes;
+//! [`check`] and [`solve_ipv4_id`] accept either form; [`compute_ibta`]
+//! is the IBTA form.
+//!
 //! Over a UDP socket a user-space device does not see the IP header; the
 //! addresses and ports come from the socket, but the IPv4 identification
 //! field, which the ICRC covers, is hidden. [`solve_ipv4_id`] recovers it
@@ -124,15 +135,57 @@ fn update_roce(h: &mut crc32fast::Hasher, roce: &[u8]) {
     }
 }
 
+/// Opcode of a FLUSH request (IBTA Annex A19).
+const OPCODE_RC_FLUSH: u8 = 0x1c;
+/// BTH + FETH + RETH: kernel rxe's `rxe_opcode[IB_OPCODE_RC_FLUSH].length`.
+const FLUSH_HEADERS: usize = 12 + 4 + 16;
+
+/// Whether kernel rxe's FLUSH rule applies to `roce` (see the module
+/// documentation): a FLUSH with at least its headers.
+fn kernel_flush(roce: &[u8]) -> bool {
+    roce.first() == Some(&OPCODE_RC_FLUSH) && roce.len() >= FLUSH_HEADERS
+}
+
+/// Feed the RoCE part to the CRC as kernel rxe does (`ibta`: as IBTA
+/// says; they differ only for a FLUSH).
+fn update_packet(h: &mut crc32fast::Hasher, roce: &[u8], ibta: bool) {
+    if !ibta && kernel_flush(roce) {
+        update_roce(h, &roce[..FLUSH_HEADERS]);
+        h.update(roce);
+    } else {
+        update_roce(h, roce);
+    }
+}
+
+/// Bytes of the CRC stream from the BTH on.
+fn stream_len(roce: &[u8], ibta: bool) -> usize {
+    if !ibta && kernel_flush(roce) {
+        FLUSH_HEADERS + roce.len()
+    } else {
+        roce.len()
+    }
+}
+
 /// The ICRC of a packet, over reconstructed and masked IPv4 (IHL 5,
 /// protocol 17) or IPv6 (next header 17, no extension headers) and UDP
-/// headers. `roce` is the UDP payload without the trailing ICRC; the IP
-/// and UDP length fields are derived from `roce.len() + 4`.
+/// headers, as kernel rxe computes it (a FLUSH's differs from IBTA's: see
+/// the module documentation). `roce` is the UDP payload without the
+/// trailing ICRC; the IP and UDP length fields are derived from
+/// `roce.len() + 4`.
 pub fn compute(info: &IpUdpInfo, roce: &[u8]) -> u32 {
+    compute_as(info, roce, false)
+}
+
+/// The ICRC as IBTA defines it: the same as [`compute`] but for a FLUSH.
+pub fn compute_ibta(info: &IpUdpInfo, roce: &[u8]) -> u32 {
+    compute_as(info, roce, true)
+}
+
+fn compute_as(info: &IpUdpInfo, roce: &[u8], ibta: bool) -> u32 {
     let (prefix, n) = masked_prefix(info, roce.len());
     let mut h = crc32fast::Hasher::new();
     h.update(&prefix[..n]);
-    update_roce(&mut h, roce);
+    update_packet(&mut h, roce, ibta);
     h.finalize()
 }
 
@@ -182,7 +235,7 @@ pub fn compute_from_headers(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) ->
     h.update(&MASKED_LRH);
     h.update(ip);
     h.update(&masked_udp);
-    update_roce(&mut h, roce);
+    update_packet(&mut h, roce, false);
     Ok(h.finalize())
 }
 
@@ -206,12 +259,13 @@ pub fn stored(udp_payload: &[u8]) -> Option<u32> {
 }
 
 /// Whether the ICRC of a received UDP payload (ending with its ICRC) is
-/// right for `info`. False for a buffer shorter than the ICRC.
+/// right for `info`, in kernel rxe's form or IBTA's (they differ only for
+/// a FLUSH). False for a buffer shorter than the ICRC.
 pub fn check(info: &IpUdpInfo, udp_payload: &[u8]) -> bool {
     match (stored(udp_payload), udp_payload.len().checked_sub(ICRC_LEN)) {
-        (Some(icrc), Some(at)) => udp_payload
-            .get(..at)
-            .is_some_and(|roce| compute(info, roce) == icrc),
+        (Some(icrc), Some(at)) => udp_payload.get(..at).is_some_and(|roce| {
+            compute(info, roce) == icrc || (kernel_flush(roce) && compute_ibta(info, roce) == icrc)
+        }),
         _ => false,
     }
 }
@@ -333,19 +387,26 @@ pub fn solve_ipv4_id(info: &IpUdpInfo, udp_payload: &[u8]) -> Option<u16> {
     if udp_payload.len() > usize::from(u16::MAX) - 8 {
         return None; // longer than any UDP datagram
     }
-    let base = compute(
-        &IpUdpInfo {
-            ipv4_id: 0,
-            ..*info
-        },
-        roce,
-    );
-    if base == icrc {
-        // The common case (a UDP socket with DF set, as rxe-emu's are,
-        // sends ID 0): no system to solve. Kernel rxe picks real IDs.
-        return Some(0);
-    }
-    solve_gf2(&ipv4_id_basis(roce.len()), icrc ^ base)
+    let id0 = IpUdpInfo {
+        ipv4_id: 0,
+        ..*info
+    };
+    // Kernel rxe's form, then (a FLUSH only) IBTA's.
+    let forms: &[bool] = if kernel_flush(roce) {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    forms.iter().find_map(|&ibta| {
+        let base = compute_as(&id0, roce, ibta);
+        if base == icrc {
+            // The common case (a UDP socket with DF set, as rxe-emu's
+            // are, sends ID 0): no system to solve. Kernel rxe picks real
+            // IDs.
+            return Some(0);
+        }
+        solve_gf2(&ipv4_id_basis(stream_len(roce, ibta)), icrc ^ base)
+    })
 }
 
 /// Solve `sum(id_b * basis[b]) = target` over GF(2) for the 16 bits of
@@ -389,6 +450,64 @@ fn solve_gf2(basis: &[u32; 16], target: u32) -> Option<u16> {
         }
     }
     Some(id)
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use super::*;
+
+    /// A FLUSH that Linux 6.12.117's rxe sent (interop suite, `p-flush`,
+    /// 2026-11-26): 10.77.0.11:49444 -> 10.77.0.1:4791, IPv4 ID 0x2997,
+    /// RANGE, GLOBAL, 1 byte; the ICRC as captured.
+    const IP: [u8; 20] = [
+        0x45, 0x00, 0x00, 0x40, 0x29, 0x97, 0x40, 0x00, 0x40, 0x11, 0xfc, 0x70, 0x0a, 0x4d, 0x00,
+        0x0b, 0x0a, 0x4d, 0x00, 0x01,
+    ];
+    const UDP: [u8; 8] = [0xc1, 0x24, 0x12, 0xb7, 0x00, 0x2c, 0x00, 0x00];
+    const PAYLOAD: [u8; 36] = [
+        0x1c, 0x00, 0xff, 0xff, 0x00, 0x01, 0x00, 0x11, 0x80, 0x0a, 0x9a, 0xdd, // BTH
+        0x00, 0x00, 0x00, 0x01, // FETH
+        0x00, 0x00, 0x7f, 0xd9, 0x69, 0x0f, 0x70, 0x40, 0x04, 0x00, 0x01, 0x8c, 0x00, 0x00, 0x00,
+        0x01, // RETH
+        0x77, 0xd4, 0x75, 0xc9, // ICRC
+    ];
+
+    fn info() -> IpUdpInfo {
+        IpUdpInfo {
+            src: "10.77.0.11".parse().unwrap(),
+            dst: "10.77.0.1".parse().unwrap(),
+            src_port: 0xc124,
+            dst_port: 4791,
+            ipv4_id: 0x2997,
+            ipv4_flags_frag: 0x4000,
+        }
+    }
+
+    #[test]
+    fn kernel_rxe_flush_icrc_covers_the_headers_twice() {
+        let roce = &PAYLOAD[..32];
+        let want = stored(&PAYLOAD).unwrap();
+        assert_eq!(compute(&info(), roce), want);
+        assert_eq!(compute_from_headers(&IP, &UDP, roce).unwrap(), want);
+        assert_ne!(compute_ibta(&info(), roce), want, "IBTA's form differs");
+        assert!(check(&info(), &PAYLOAD));
+        // The ID hidden by a UDP socket is found in kernel rxe's form ...
+        assert_eq!(solve_ipv4_id(&info(), &PAYLOAD), Some(0x2997));
+        // ... and an IBTA-form FLUSH is accepted too, ID and all.
+        let mut ibta = PAYLOAD;
+        ibta[32..].copy_from_slice(&compute_ibta(&info(), roce).to_le_bytes());
+        assert!(check(&info(), &ibta));
+        assert_eq!(solve_ipv4_id(&info(), &ibta), Some(0x2997));
+        // A changed byte fails both forms.
+        let mut bad = PAYLOAD;
+        bad[31] ^= 1;
+        assert!(!check(&info(), &bad));
+        assert_eq!(solve_ipv4_id(&info(), &bad), None);
+        // Every other opcode: one form (a WRITE ONLY with the same bytes).
+        let mut w = PAYLOAD;
+        w[0] = 0x0a;
+        assert_eq!(compute(&info(), &w[..32]), compute_ibta(&info(), &w[..32]));
+    }
 }
 
 #[cfg(test)]

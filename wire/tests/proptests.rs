@@ -212,8 +212,11 @@ proptest! {
                         Ok(icrc::stored(&buf).unwrap()));
         let bit = bit.index(buf.len() * 8);
         buf[bit / 8] ^= 1 << (bit % 8);
-        // BTH byte 4 (FECN, BECN, reserved) is outside the ICRC.
-        prop_assert_eq!(icrc::check(&info, &buf), bit / 8 == 4);
+        // BTH byte 4 (FECN, BECN, reserved) is outside the ICRC, but for
+        // a FLUSH, whose ICRC kernel rxe computes over its headers a
+        // second time, unmasked (see wire::icrc).
+        let flush = buf[0] == 0x1c;
+        prop_assert_eq!(icrc::check(&info, &buf), bit / 8 == 4 && !flush);
     }
 
     #[test]
