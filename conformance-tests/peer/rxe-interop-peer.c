@@ -30,6 +30,7 @@
 #include <infiniband/verbs.h>
 #include <netdb.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,13 +42,37 @@
 enum op {
 	OP_SEND, OP_SEND_IMM, OP_WRITE, OP_WRITE_IMM, OP_READ, OP_CAS, OP_FAA,
 	OP_SRQ_SEND, OP_UC_SEND, OP_UC_WRITE, OP_UD_SEND,
-	OP_RNR, OP_BAD_RKEY, OP_VANISH,
+	OP_RNR, OP_BAD_RKEY, OP_VANISH, OP_FLUSH, OP_ATOMIC_WRITE,
 };
 static const char *op_names[] = {
 	"send", "send-imm", "write", "write-imm", "read", "cas", "faa",
 	"srq-send", "uc-send", "uc-write", "ud-send",
-	"rnr", "bad-rkey", "vanish", NULL,
+	"rnr", "bad-rkey", "vanish", "flush", "atomic-write", NULL,
 };
+
+/*
+ * FLUSH (rdma-core 45, kernel rxe 6.2): built against Debian 12's
+ * rdma-core 44 headers, which have ATOMIC WRITE but not FLUSH, so FLUSH's
+ * numbers and the function pointer rdma-core 45 appended to struct
+ * ibv_qp_ex are spelled out here. FLUSH runs only where the library has
+ * it (rdma-core >= 45: Debian 13's and sid's in the guest, our drop-in on
+ * the host); the suite runs neither FLUSH nor ATOMIC WRITE against
+ * Linux 6.1, whose rxe has neither.
+ */
+struct qp_ex45 {
+	struct ibv_qp_ex base;
+	void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
+			 uint8_t type, uint8_t level);
+};
+_Static_assert(sizeof(struct ibv_qp_ex) ==
+		       offsetof(struct ibv_qp_ex, wr_atomic_write) + sizeof(void (*)(void)),
+	       "built against rdma-core >= 45 headers: use their wr_flush");
+#define QP_EX_WITH_FLUSH (1ull << 11)
+#define ACCESS_FLUSH_GLOBAL (1 << 8)
+#define WC_FLUSH 8
+#define FLUSH_GLOBAL 1
+#define FLUSH_RANGE 0
+#define FLUSH_MR 1
 
 #define GUARD 64	/* guard bytes each side of a target region */
 #define FILL 0xa5	/* what untouched memory holds */
@@ -237,6 +262,7 @@ struct dest {
 static struct dest me, peer;
 
 static int is_ud(void) { return o.op == OP_UD_SEND; }
+static int is_v45(void) { return o.op == OP_FLUSH || o.op == OP_ATOMIC_WRITE; }
 static int is_uc(void) { return o.op == OP_UC_SEND || o.op == OP_UC_WRITE; }
 static const char *wc_str(enum ibv_wc_status s) { return ibv_wc_status_str(s); }
 
@@ -260,7 +286,8 @@ static void setup(size_t max)
 	memset(buf, FILL, buf_len);
 	mr = ibv_reg_mr(pd, buf, buf_len,
 			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				IBV_ACCESS_REMOTE_ATOMIC);
+				IBV_ACCESS_REMOTE_ATOMIC |
+				(o.op == OP_FLUSH ? ACCESS_FLUSH_GLOBAL : 0));
 	if (!pd || !buf || !mr)
 		die("pd/mr: %s", strerror(errno));
 	scq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
@@ -279,7 +306,18 @@ static void setup(size_t max)
 		.qp_type = is_ud() ? IBV_QPT_UD : is_uc() ? IBV_QPT_UC : IBV_QPT_RC,
 		.sq_sig_all = 1,
 	};
-	qp = ibv_create_qp(pd, &ia);
+	if (is_v45()) {
+		struct ibv_qp_init_attr_ex ix = {
+			.send_cq = scq, .recv_cq = rcq, .cap = ia.cap, .qp_type = IBV_QPT_RC,
+			.sq_sig_all = 1, .pd = pd,
+			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+			.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE |
+					  (o.op == OP_FLUSH ? QP_EX_WITH_FLUSH : IBV_QP_EX_WITH_ATOMIC_WRITE),
+		};
+		qp = ibv_create_qp_ex(ctx, &ix);
+	} else {
+		qp = ibv_create_qp(pd, &ia);
+	}
 	if (!qp)
 		die("ibv_create_qp: %s", strerror(errno));
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1 };
@@ -289,7 +327,8 @@ static void setup(size_t max)
 		mask |= IBV_QP_QKEY;
 	} else {
 		a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				    (is_uc() ? 0 : IBV_ACCESS_REMOTE_ATOMIC);
+				    (is_uc() ? 0 : IBV_ACCESS_REMOTE_ATOMIC) |
+				    (o.op == OP_FLUSH ? ACCESS_FLUSH_GLOBAL : 0);
 		mask |= IBV_QP_ACCESS_FLAGS;
 	}
 	if (ibv_modify_qp(qp, &a, mask))
@@ -410,6 +449,12 @@ static void parse_sizes(void)
 
 static unsigned salt(void) { return (unsigned)o.op * 31 + 7; }
 
+/* What ATOMIC WRITE k of message idx writes. */
+static uint64_t aw_value(unsigned idx, unsigned k)
+{
+	return 0x0123456789abcdefull * (k + 3) ^ ((uint64_t)idx << 48);
+}
+
 /* --------------------------------------------------------------- data ops */
 static long long total_bytes;
 
@@ -465,7 +510,20 @@ static void responder_msg(unsigned idx, size_t size)
 			}
 		}
 	}
-	if (o.op == OP_CAS || o.op == OP_FAA) {
+	if (o.op == OP_ATOMIC_WRITE) {
+		for (unsigned k = 0; k < (unsigned)o.atomics; k++) {
+			uint64_t v, want = aw_value(idx, k);
+			memcpy(&v, buf + GUARD + 8 * k, 8);
+			if (v != want)
+				fail("message %u ATOMIC WRITE %u: memory 0x%016llx, want 0x%016llx", idx,
+				     k, (unsigned long long)v, (unsigned long long)want);
+			else
+				verified += 8;
+		}
+		check_fill("after ATOMIC WRITEs", buf + GUARD + 8 * o.atomics, 64, idx);
+		check_fill("before ATOMIC WRITEs", buf, GUARD, idx);
+		size = 8 * o.atomics;
+	} else if (o.op == OP_CAS || o.op == OP_FAA) {
 		for (unsigned k = 0; k < (unsigned)o.atomics; k++) {
 			uint64_t v, orig = 0x0101010101010101ull * (k + 1) ^ ((uint64_t)idx << 40), want;
 			memcpy(&v, buf + GUARD + 8 * k, 8);
@@ -519,6 +577,7 @@ static void requester_msg(unsigned idx, size_t size)
 		break;
 	case OP_WRITE:
 	case OP_UC_WRITE:
+	case OP_FLUSH:
 		wr.opcode = IBV_WR_RDMA_WRITE;
 		want = IBV_WC_RDMA_WRITE;
 		break;
@@ -543,7 +602,26 @@ static void requester_msg(unsigned idx, size_t size)
 		want = IBV_WC_SEND;
 	}
 	expect('R', idx);
-	if (o.op == OP_CAS || o.op == OP_FAA) {
+	if (o.op == OP_ATOMIC_WRITE) {
+		struct ibv_qp_ex *q = ibv_qp_to_qp_ex(qp);
+		for (unsigned k = 0; k < (unsigned)o.atomics; k++) {
+			uint64_t v = aw_value(idx, k);
+			ibv_wr_start(q);
+			q->wr_id = k;
+			q->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_atomic_write(q, peer.rkey, peer.addr + GUARD + 8 * k, &v);
+			int rc = ibv_wr_complete(q);
+			if (rc)
+				die("ATOMIC WRITE: ibv_wr_complete: %s", strerror(rc));
+			struct ibv_wc wc = poll1(scq, "ATOMIC WRITE");
+			if (wc.status != IBV_WC_SUCCESS)
+				die("message %u ATOMIC WRITE %u: %s", idx, k, wc_str(wc.status));
+			if (wc.opcode != IBV_WC_ATOMIC_WRITE || wc.wr_id != k)
+				fail("message %u ATOMIC WRITE %u: wc opcode %d (want %d) wr_id %llu", idx,
+				     k, wc.opcode, IBV_WC_ATOMIC_WRITE, (unsigned long long)wc.wr_id);
+		}
+		size = 8 * o.atomics;
+	} else if (o.op == OP_CAS || o.op == OP_FAA) {
 		for (unsigned k = 0; k < (unsigned)o.atomics; k++) {
 			uint64_t orig = 0x0101010101010101ull * (k + 1) ^ ((uint64_t)idx << 40);
 			uint64_t *res = (uint64_t *)(buf + GUARD + 8 * k);
@@ -587,6 +665,26 @@ static void requester_msg(unsigned idx, size_t size)
 		if (wc.opcode != want || wc.wr_id != idx)
 			fail("message %u: wc opcode %d (want %d) wr_id %llu", idx, wc.opcode, want,
 			     (unsigned long long)wc.wr_id);
+		if (o.op == OP_FLUSH) {
+			/* the WRITE made globally visible: the range it wrote
+			 * (even messages) or the whole MR (odd ones) */
+			struct qp_ex45 *q = (struct qp_ex45 *)ibv_qp_to_qp_ex(qp);
+			uint8_t sel = idx & 1 ? FLUSH_MR : FLUSH_RANGE;
+			ibv_wr_start(&q->base);
+			q->base.wr_id = 1000 + idx;
+			q->base.wr_flags = IBV_SEND_SIGNALED;
+			q->wr_flush(&q->base, peer.rkey, peer.addr + roff, size, FLUSH_GLOBAL, sel);
+			rc = ibv_wr_complete(&q->base);
+			if (rc)
+				die("FLUSH: ibv_wr_complete: %s", strerror(rc));
+			wc = poll1(scq, "FLUSH");
+			if (wc.status != IBV_WC_SUCCESS)
+				die("message %u: FLUSH (%s) completion %s", idx,
+				    sel == FLUSH_MR ? "MR" : "range", wc_str(wc.status));
+			if (wc.opcode != WC_FLUSH || wc.wr_id != 1000 + idx)
+				fail("message %u: FLUSH wc opcode %d (want %d) wr_id %llu", idx, wc.opcode,
+				     WC_FLUSH, (unsigned long long)wc.wr_id);
+		}
 		if (o.op == OP_READ) {
 			if (wc.byte_len != size)
 				fail("message %u: READ byte_len %u, want %zu", idx, wc.byte_len, size);
@@ -728,7 +826,7 @@ static void usage(void)
 		"       [--linger MS]\n"
 		"       [HOST]   (no HOST: server and responder; HOST: client and requester)\n"
 		"OP: send send-imm write write-imm read cas faa srq-send uc-send uc-write ud-send\n"
-		"    rnr bad-rkey vanish\n");
+		"    rnr bad-rkey vanish flush (rdma-core >= 45) atomic-write\n");
 	exit(2);
 }
 

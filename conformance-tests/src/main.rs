@@ -35,13 +35,18 @@ struct Opts {
     list: bool,
     timeout: Duration,
     strict: bool,
+    /// `--like`: what our device is like (the kernel rxe release the guest
+    /// runs; default the newest).
+    like: Option<String>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: rxe-conformance --out DIR --vm RXE-VM.SH --bin-dir DIR [-k PATTERN] [--timeout S]\n\
+         \x20                      [--like 6.1|6.12|7.2]\n\
          \x20      rxe-conformance --list [-k PATTERN]\n\
          PATTERN selects the runs whose \"scenario direction\" contains it.\n\
+         --like: our device behaves as that kernel rxe (the guest's).\n\
          Normally started by conformance-tests/run, which boots the guest first."
     );
     exit(2)
@@ -56,6 +61,7 @@ fn parse_opts() -> Opts {
         list: false,
         timeout: Duration::from_secs(60),
         strict: std::env::var("CONFORMANCE_STRICT").is_ok_and(|v| v == "1"),
+        like: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -69,6 +75,7 @@ fn parse_opts() -> Opts {
                 o.timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage()))
             }
             "--list" => o.list = true,
+            "--like" => o.like = Some(val()),
             _ => usage(),
         }
     }
@@ -78,10 +85,13 @@ fn parse_opts() -> Opts {
     o
 }
 
-/// The selected runs, in order.
-fn selected(pattern: Option<&str>) -> Vec<(Scenario, Direction)> {
+/// The selected runs, in order. Against Linux 6.1 (`--like 6.1`), not
+/// the operations its rxe lacks (FLUSH, ATOMIC WRITE).
+fn selected(pattern: Option<&str>, like: Option<&str>) -> Vec<(Scenario, Direction)> {
+    let v61 = like == Some("6.1");
     scenario::all()
         .into_iter()
+        .filter(|s| !(v61 && s.peer.as_ref().is_some_and(|p| p.needs_6_2())))
         .flat_map(|s| s.directions().iter().map(move |&d| (s.clone(), d)))
         .filter(|(s, d)| pattern.is_none_or(|p| format!("{} {d}", s.name).contains(p)))
         .collect()
@@ -189,12 +199,13 @@ impl Ctx {
             .out
             .join(format!("rxe-emud-mtu{}.log", self.link_mtu));
         let mut c = self.vm.host_cmd(&self.o.bin_dir.join("rxe-emud"));
-        c.arg("--socket").arg(&sock).args([
-            "--device",
-            &format!("rxe0={}/{}", scenario::HOST_IP, self.link_mtu),
-            "--slots",
-            "8",
-        ]);
+        let mut spec = format!("rxe0={}/{}", scenario::HOST_IP, self.link_mtu);
+        if let Some(l) = &self.o.like {
+            spec += &format!(",like={l}");
+        }
+        c.arg("--socket")
+            .arg(&sock)
+            .args(["--device", &spec, "--slots", "8"]);
         let mut p =
             Proc::spawn(c, &log).map_err(|e| Infra(format!("cannot start rxe-emud: {e}")))?;
         let t0 = Instant::now();
@@ -730,7 +741,7 @@ fn counter_comparison(results: &[Outcome]) -> String {
 
 fn main() {
     let o = parse_opts();
-    let runs = selected(o.pattern.as_deref());
+    let runs = selected(o.pattern.as_deref(), o.like.as_deref());
     if o.list {
         for (s, d) in &runs {
             if s.cm.is_some() {
@@ -869,6 +880,16 @@ fn main() {
         // retries it for ever and never answers our DREQ (resent every 6 s).
         // Such a run also runs again, at most twice, and says so.
         //
+        // The mirror image, seen once in 102 runs on Linux 6.12: in
+        // cm-rdma-server with our rdma_server, the kernel's rdma_client
+        // takes our reply, completes it, disconnects and exits before
+        // kernel rxe sends the ACK it deferred (its ack_deferred counter
+        // moves); our server's SEND is never acknowledged and, with
+        // rdma_cm's retry_count 7 (retry for ever), rdma_server waits in
+        // rdma_get_send_comp until the run times out. kernel rxe in our
+        // place would wait the same. Such a run also runs again, at most
+        // twice, and says so.
+        //
         // UC has no retransmission, and the TCG guest sometimes drops part
         // of a long burst after the bridge (seen: 7-9 of the 1,108
         // packets of p-uc-write-m1024, about one run in five): when the
@@ -890,8 +911,13 @@ fn main() {
                         .and_then(|c| c.parse::<u32>().ok())
                         .is_some_and(|c| c > 1)
                 }));
+            let kernel_ack_deferred = s.name == "cm-rdma-server"
+                && *d == Direction::EmuServer
+                && std::fs::read_to_string(ctx.o.out.join(format!("{}.{d}.kernel.log", s.name)))
+                    .is_ok_and(|t| t.contains("rdma_client: end 0"));
             let guest_dropped_uc = matches!(&result, Ok(r) if guest_dropped_uc(r));
-            let raced = failed && (perftest_race || last_send_unacked || guest_dropped_uc);
+            let raced = failed
+                && (perftest_race || last_send_unacked || kernel_ack_deferred || guest_dropped_uc);
             if !raced {
                 break;
             }
@@ -912,6 +938,8 @@ fn main() {
                     "rejected before the server listened again (perftest 4.5 -R race)"
                 } else if guest_dropped_uc {
                     "the guest dropped UC packets that the bridge capture shows we sent"
+                } else if kernel_ack_deferred {
+                    "the kernel's client exited before acknowledging our last SEND (kernel rxe defers ACKs)"
                 } else {
                     "the kernel's last SEND went unacknowledged at our client's exit (known issue)"
                 }

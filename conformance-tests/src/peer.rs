@@ -43,6 +43,12 @@ impl PeerSpec {
         matches!(self.op, "cas" | "faa")
     }
 
+    /// Whether the op came with kernel rxe 6.2 (FLUSH, ATOMIC WRITE): it
+    /// does not run against Linux 6.1, whose rxe lacks it.
+    pub fn needs_6_2(&self) -> bool {
+        matches!(self.op, "flush" | "atomic-write")
+    }
+
     /// Messages as the peer counts them.
     pub fn msgs(&self) -> usize {
         match self.op {
@@ -56,7 +62,9 @@ impl PeerSpec {
         match self.op {
             "vanish" => 0,
             "rnr" | "bad-rkey" => self.sizes[0] as u64,
-            _ if self.atomic() => 8 * ATOMICS_PER_MSG * self.sizes.len() as u64,
+            _ if self.atomic() || self.op == "atomic-write" => {
+                8 * ATOMICS_PER_MSG * self.sizes.len() as u64
+            }
             _ => self.sizes.iter().map(|&s| s as u64).sum(),
         }
     }
@@ -129,6 +137,13 @@ impl PeerSpec {
             "rnr" => &["RC_SEND_FIRST", "RC_ACKNOWLEDGE"],
             "bad-rkey" => &["RC_RDMA_WRITE_FIRST", "RC_ACKNOWLEDGE"],
             "vanish" => &["RC_SEND_ONLY"],
+            // The WRITE, then the FLUSH and its empty READ RESPONSE ONLY.
+            "flush" => &[
+                "RC_RDMA_WRITE_ONLY",
+                "RC_FLUSH",
+                "RC_RDMA_READ_RESPONSE_ONLY",
+            ],
+            "atomic-write" => &["RC_ATOMIC_WRITE", "RC_RDMA_READ_RESPONSE_ONLY"],
             _ => &[],
         }
     }
@@ -439,6 +454,27 @@ pub fn data_ops(path_mtu: u32) -> Vec<(String, PeerSpec)> {
         (format!("p-{op}-m{path_mtu}"), PeerSpec { op, sizes })
     })
     .collect()
+}
+
+/// FLUSH (after a WRITE of the same range; every other one of the whole
+/// MR) and ATOMIC WRITE, which kernel rxe has since 6.2 (path MTU 1024).
+pub fn since_6_2() -> Vec<(String, PeerSpec)> {
+    vec![
+        (
+            "p-flush".into(),
+            PeerSpec {
+                op: "flush",
+                sizes: vec![1, 1024, 4097, 65536, 1_048_576],
+            },
+        ),
+        (
+            "p-atomic-write".into(),
+            PeerSpec {
+                op: "atomic-write",
+                sizes: vec![8; 4],
+            },
+        ),
+    ]
 }
 
 /// The protocol-behaviour scenarios (path MTU 1024).

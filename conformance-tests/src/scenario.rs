@@ -352,6 +352,7 @@ pub fn all() -> Vec<Scenario> {
         peer::data_ops(1024)
             .into_iter()
             .chain(peer::error_modes())
+            .chain(peer::since_6_2())
             .map(|(n, p)| Scenario::peer(&n, p, 1024)),
     );
     // Debian's unmodified pingpongs on both sides; UD at the path-MTU

@@ -2,8 +2,13 @@
 # rxe-vm.sh - a QEMU guest running Linux kernel SoftRoCE (rdma_rxe), wired to a
 # bridge inside a private network namespace, for rxe-emu's interop tests.
 #
-# The guest is built from Debian 12 packages (kernel, busybox, rdma-core tools)
-# into a small initramfs; nothing else is needed from the outside. Network:
+# The guest is built from one Debian release's packages (kernel, busybox,
+# rdma-core tools) into a small initramfs; nothing else is needed from the
+# outside. RXE_EMU_VM_KERNEL picks the release: 6.1 (Debian 12 "bookworm",
+# rdma-core 44; the default), 6.12 (Debian 13 "trixie", rdma-core 56.1) or 7.2
+# (Debian "sid", rdma-core 65). Each has its own image in the cache; bookworm's
+# packages come through the machine's apt sources, the others through a private
+# apt state under the cache (the machine's sources are never changed). Network:
 # netns $RXE_EMU_VM_NETNS holds bridge rxc-br (10.77.0.1/24, the host side) and
 # one tap per guest; guest I is 10.77.0.(10+I). The namespace has no route out,
 # so nothing sent to 10.77.0.x leaves this machine. Run host-side programs that
@@ -27,10 +32,12 @@
 #   capture start FILE [FILTER] | capture stop   dumpcap on the bridge
 #   console I            print guest I's serial console
 #   status               what runs
+#   versions             the image's kernel and package versions
 #   down                 kill guests, captures and every process in the namespace;
 #                        delete the namespace (with its bridge and taps)
 #
 # Environment knobs:
+#   RXE_EMU_VM_KERNEL    6.1 | 6.12 | 7.2: the guest's kernel rxe and userland (default 6.1)
 #   RXE_EMU_VM_CACHE     image cache (default ${XDG_CACHE_HOME:-$HOME/.cache}/rxe-emu/vm)
 #   RXE_EMU_VM_NETNS     namespace (default rxe-emu-conf)
 #   RXE_EMU_VM_MTU       link MTU at boot: bridge, taps and guest eth0 (default 1500)
@@ -38,7 +45,8 @@
 #   RXE_EMU_VM_MEM       MiB per guest (default 1024)
 #   RXE_EMU_VM_ACCEL     auto | kvm | tcg (default auto: KVM only when it really works)
 #   RXE_EMU_VM_BOOT_TIMEOUT  seconds to wait for a guest to be ready (default 180)
-#   RXE_EMU_VM_KERNEL_PKG    Debian kernel package (default: what linux-image-amd64 names)
+#   RXE_EMU_VM_KERNEL_PKG    Debian kernel package (default: what linux-image-amd64 names
+#                        in the release)
 #   RXE_EMU_VM_APPEND    extra kernel command line
 #   RXE_EMU_VM_EXTRA     a directory whose tree is added to the guests' root at boot
 #                        (a second cpio archive after the cached initramfs)
@@ -47,6 +55,14 @@ set -euo pipefail
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 CACHE="${RXE_EMU_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/rxe-emu/vm}"
 RUN="$CACHE/run"
+KREL="${RXE_EMU_VM_KERNEL:-6.1}"
+case "$KREL" in
+  6.1) SUITE=bookworm ;;
+  6.12) SUITE=trixie ;;
+  7.2) SUITE=sid ;;
+  *) echo "rxe-vm: RXE_EMU_VM_KERNEL=$KREL: not one of 6.1, 6.12, 7.2" >&2; exit 2 ;;
+esac
+IMG="$CACHE/$SUITE"
 NS="${RXE_EMU_VM_NETNS:-rxe-emu-conf}"
 BR=rxc-br
 NET=10.77.0
@@ -64,10 +80,15 @@ tap_name() { echo "rxc-tap$1"; }
 
 # ------------------------------------------------------------------ image ---
 # Debian packages whose files make up the guest userland.
+# Libraries renamed in the 64-bit time_t transition (trixie and later) get
+# their new names there.
 PKGS="busybox-static ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 rdma-core
   perftest rdmacm-utils iproute2 libibumad3 libnl-3-200 libnl-route-3-200 libpci3 libudev1
-  libmnl0 libbsd0 libmd0 libelf1 libcap2 libbpf1 zlib1g libc6 libxtables12 libgcc-s1"
-# Modules the guest loads (modprobe resolves their dependencies at build time).
+  libmnl0 libbsd0 libmd0 libelf1 libcap2 libbpf1 zlib1g libc6 libxtables12 libgcc-s1
+  libselinux1 libpcre2-8-0 libzstd1"
+[ "$SUITE" = bookworm ] || PKGS=$(echo "$PKGS" | sed 's/librdmacm1 /librdmacm1t64 /; s/libelf1 /libelf1t64 /')
+# Modules the guest loads (modprobe resolves their dependencies at build time;
+# one a kernel does not have, such as crc32_pclmul after 6.13, is left out).
 # sch_netem, ifb, sch_ingress, act_mirred and cls_matchall: loss in both directions
 # (`rxe-vm.sh netem`; the host's kernel may have no netem); sch_prio and cls_u32:
 # loss for RoCEv2 data packets only (`netem I --data`).
@@ -84,11 +105,41 @@ apt_get() { # apt-get, waiting for a lock another apt may hold
   DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=120 "$@"
 }
 
+# apt-get and apt-cache for the release's packages: the machine's own for
+# bookworm; for the others, a sources list and package lists of their own
+# under the cache, so the machine's sources and lists are left as they are.
+# A mirror may serve a Release file past its one-week validity; the
+# signature is still checked (with the machine's Debian keyring).
+APT_PRIV="$CACHE/apt-$SUITE"
+apt_opts() {
+  [ "$SUITE" = bookworm ] && return 0
+  printf '%s\n' -o "Dir::Etc::SourceList=$APT_PRIV/sources.list" -o "Dir::Etc::SourceParts=/dev/null" \
+    -o "Dir::State=$APT_PRIV/state" -o "Dir::State::status=$APT_PRIV/status" -o "Dir::Cache=$APT_PRIV/cache" \
+    -o "Acquire::Check-Valid-Until=false" -o "APT::Get::List-Cleanup=0" -o "APT::Sandbox::User=root"
+}
+apt_rel() { # apt_rel apt-get|apt-cache ARGS...
+  local tool=$1 opts=(); shift
+  mapfile -t opts < <(apt_opts)
+  DEBIAN_FRONTEND=noninteractive "$tool" -q "${opts[@]}" "$@"
+}
+apt_update() { # refresh the release's package lists (root only for bookworm)
+  if [ "$SUITE" = bookworm ]; then
+    [ "$(id -u)" = 0 ] && apt_get update >/dev/null
+    return 0
+  fi
+  mkdir -p "$APT_PRIV/state/lists/partial" "$APT_PRIV/cache/archives/partial"
+  touch "$APT_PRIV/status"
+  echo "deb http://deb.debian.org/debian $SUITE main" >"$APT_PRIV/sources.list"
+  apt_rel apt-get update >/dev/null
+}
+
 host_tools() {
   local need=()
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
   command -v depmod >/dev/null || need+=(kmod)
   command -v busybox >/dev/null || need+=(busybox)
+  command -v xz >/dev/null || need+=(xz-utils)
+  command -v zstd >/dev/null || need+=(zstd)
   command -v python3 >/dev/null || need+=(python3)
   command -v ip >/dev/null || need+=(iproute2)
   if [ ${#need[@]} -gt 0 ]; then
@@ -103,49 +154,65 @@ host_tools() {
 recipe_id() { sha256sum "$SELF" | cut -c1-16; }
 
 image_ok() {
-  [ -f "$CACHE/initrd.img" ] && [ -f "$CACHE/vmlinux" ] &&
-    [ "$(cat "$CACHE/RECIPE" 2>/dev/null)" = "$(recipe_id)" ]
+  [ -f "$IMG/initrd.img" ] && [ -f "$IMG/vmlinux" ] &&
+    [ "$(cat "$IMG/RECIPE" 2>/dev/null)" = "$(recipe_id)" ]
 }
 
 kernel_pkg() {
   if [ -n "${RXE_EMU_VM_KERNEL_PKG:-}" ]; then echo "$RXE_EMU_VM_KERNEL_PKG"; return; fi
-  apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'
+  apt_rel apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'
 }
 
 download() { # download DIR PKG...: apt-get download, once with the lists as they are, once after an update
   local dir=$1; shift
-  (cd "$dir" && apt-get download -q "$@" >/dev/null 2>&1) && return 0
+  (cd "$dir" && apt_rel apt-get download "$@" >/dev/null 2>&1) && return 0
   say "apt-get download failed; updating the package lists and retrying"
-  [ "$(id -u)" = 0 ] && apt_get update >/dev/null
-  (cd "$dir" && apt-get download -q "$@" >/dev/null)
+  apt_update
+  (cd "$dir" && apt_rel apt-get download "$@" >/dev/null)
 }
 
 cmd_build() {
-  if image_ok && [ "${1:-}" != --force ]; then say "image cached in $CACHE"; return 0; fi
+  if image_ok && [ "${1:-}" != --force ]; then say "image cached in $IMG"; return 0; fi
   host_tools
-  local t0=$SECONDS D="$CACHE/debs"
+  local t0=$SECONDS D="$IMG/debs"
   mkdir -p "$D"
+  [ "$SUITE" = bookworm ] || [ -f "$APT_PRIV/sources.list" ] || apt_update || die "apt-get update for $SUITE failed"
   local kpkg; kpkg=$(kernel_pkg)
   if [ -z "$kpkg" ] || ! ls "$D/${kpkg}_"*.deb >/dev/null 2>&1; then
     # Lists may be stale on a fresh machine: the kernel they name may be gone from the archive.
-    [ "$(id -u)" = 0 ] && apt_get update >/dev/null
+    apt_update
     kpkg=$(kernel_pkg)
   fi
-  [ -n "$kpkg" ] || die "cannot tell which kernel package linux-image-amd64 depends on"
+  [ -n "$kpkg" ] || die "cannot tell which kernel package linux-image-amd64 depends on in $SUITE"
+  # From Linux 7.x Debian splits the kernel: linux-image-V depends on
+  # linux-binary-V (vmlinuz), linux-modules-V and linux-base-V (module lists).
+  local kparts
+  kparts="$kpkg $(apt_rel apt-cache depends "$kpkg" 2>/dev/null | awk '/Depends: linux-(binary|modules|base)-[0-9]/{print $2}' | tr '\n' ' ')"
   local p todo=()
   # shellcheck disable=SC2086
-  for p in "$kpkg" $PKGS; do ls "$D/${p}_"*.deb >/dev/null 2>&1 || todo+=("$p"); done
+  for p in $kparts $PKGS; do ls "$D/${p}_"*.deb >/dev/null 2>&1 || todo+=("$p"); done
   if [ ${#todo[@]} -gt 0 ]; then
     say "downloading ${#todo[@]} Debian packages (${todo[*]})"
     download "$D" "${todo[@]}" || die "apt-get download failed"
   fi
 
-  local K="$CACHE/stage/kernel" U="$CACHE/stage/user" R="$CACHE/stage/root"
-  rm -rf "$CACHE/stage"; mkdir -p "$K" "$U" "$R"
-  dpkg-deb -x "$(ls "$D/${kpkg}_"*.deb | head -1)" "$K"
-  local KV; KV=$(ls "$K/lib/modules" | head -1)
+  local K="$IMG/stage/kernel" U="$IMG/stage/user" R="$IMG/stage/root"
+  rm -rf "$IMG/stage"; mkdir -p "$K" "$U" "$R"
+  for p in $kparts; do dpkg-deb -x "$(ls "$D/${p}_"*.deb | head -1)" "$K"; done
   local d
-  for d in "$D"/*.deb; do case "${d##*/}" in linux-image-*) ;; *) dpkg-deb -x "$d" "$U" ;; esac; done
+  for d in "$D"/*.deb; do case "${d##*/}" in linux-image-* | linux-binary-* | linux-modules-* | linux-base-[0-9]*) ;; *) dpkg-deb -x "$d" "$U" ;; esac; done
+  # Packages of trixie and later put their files under /usr only (merged
+  # /usr); older ones under /bin, /lib too. One layout for the steps below:
+  # /usr/X, with /X a link to it.
+  local x
+  for x in "$K" "$U"; do
+    for d in bin sbin lib; do
+      mkdir -p "$x/usr/$d"
+      if [ -d "$x/$d" ] && [ ! -L "$x/$d" ]; then cp -a "$x/$d/." "$x/usr/$d/"; rm -rf "${x:?}/$d"; fi
+      ln -sfn "usr/$d" "$x/$d"
+    done
+  done
+  local KV; KV=$(ls "$K/lib/modules" | head -1)
   depmod -b "$K" "$KV"
 
   mkdir -p "$R"/{bin,sbin,usr/bin,usr/sbin,lib/x86_64-linux-gnu,usr/lib/x86_64-linux-gnu/libibverbs,lib64}
@@ -163,30 +230,52 @@ cmd_build() {
     cp -L "$U/$b" "$R/usr/bin/$n"
     objs+=("$U/$b")
   done
-  local prov="usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so"
+  # The provider's name carries the provider ABI (rdmav34 up to rdma-core 64, rdmav65 in 65).
+  local prov
+  prov=$(cd "$U" && ls usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so | head -1)
+  [ -n "$prov" ] || die "no rxe provider in the downloaded packages"
   cp -L "$U/$prov" "$R/$prov"; objs+=("$U/$prov")
   cp "$U/etc/libibverbs.d/rxe.driver" "$R/etc/libibverbs.d/"
-  # Shared libraries, resolved against the unpacked packages only.
-  local LP="$U/lib/x86_64-linux-gnu:$U/usr/lib/x86_64-linux-gnu:$U/usr/lib/x86_64-linux-gnu/libibverbs"
-  local lib path
+  # Shared libraries, resolved against the unpacked packages only, by the
+  # release's own dynamic loader (the machine's ldd would run its own shell
+  # on the release's libc).
+  local LP="$U/usr/lib/x86_64-linux-gnu:$U/usr/lib/x86_64-linux-gnu/libibverbs"
+  local LDSO="$U/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" lib path
+  : >"$IMG/stage/libs"
+  for b in "${objs[@]}"; do
+    "$LDSO" --library-path "$LP" --list "$b" >"$IMG/stage/ldd" || die "cannot list the libraries of $b"
+    awk '$2 == "=>" && $1 !~ /^\// {print $1, $3}' "$IMG/stage/ldd" >>"$IMG/stage/libs"
+  done
   while read -r lib path; do
     case "$path" in
       "$U"/*) cp -L "$path" "$R/lib/x86_64-linux-gnu/$lib" ;;
-      *) die "library $lib not found in the downloaded packages (ldd: $path)" ;;
+      *) die "library $lib not found in the downloaded packages (ld.so --list: $path)" ;;
     esac
-  done < <(for b in "${objs[@]}"; do LD_LIBRARY_PATH="$LP" ldd "$b" | awk '$2 == "=>" {print $1, $3}'; done | sort -u)
+  done < <(sort -u "$IMG/stage/libs")
   cp -L "$U/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$R/lib64/"
   ln -sf /lib64/ld-linux-x86-64.so.2 "$R/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
   cp -L "$U/lib/x86_64-linux-gnu/libgcc_s.so.1" "$R/lib/x86_64-linux-gnu/" # dlopen()ed by pthread_exit
   printf '/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n' >"$R/etc/ld.so.conf"
   ldconfig -r "$R" 2>/dev/null || true
 
-  local m ko
-  for m in $MODS; do modprobe -d "$K" -S "$KV" --show-depends "$m" | awk '$1 == "insmod" {print $2}'; done |
+  local m ko mods=""
+  for m in $MODS; do
+    if modprobe -d "$K" -S "$KV" --show-depends "$m" >/dev/null 2>&1; then
+      mods="$mods $m"
+    else
+      case "$m" in rdma_rxe | rdma_ucm | ib_umad | virtio_*) die "kernel $KV has no module $m" ;; esac
+      say "kernel $KV has no module $m (built in or gone): left out"
+    fi
+  done
+  for m in $mods; do modprobe -d "$K" -S "$KV" --show-depends "$m" | awk '$1 == "insmod" {print $2}'; done |
     sort -u | while read -r ko; do
       mkdir -p "$R/$(dirname "${ko#"$K"/}")"
       cp "$ko" "$R/${ko#"$K"/}"
     done
+  # Newer Debian kernels ship xz-compressed modules; busybox's modprobe loads
+  # plain ones.
+  find "$R/lib/modules" -name '*.ko.xz' -exec xz -d {} +
+  find "$R/lib/modules" -name '*.ko.zst' -exec zstd -q -d --rm {} +
   cp "$K/lib/modules/$KV"/modules.{order,builtin,builtin.modinfo} "$R/lib/modules/$KV/"
   depmod -b "$R" "$KV"
 
@@ -206,12 +295,14 @@ cmd_build() {
   guest_init >"$R/init"
   guest_agent >"$R/sbin/rxc-agent"
   chmod 755 "$R/init" "$R/sbin/rxc-agent"
-  echo "$MODS" >"$R/etc/rxc.modules"
+  echo "$mods" >"$R/etc/rxc.modules"
 
   # The ELF vmlinux boots through QEMU's PVH entry: no real-mode setup and no
   # in-guest decompression, seconds faster under TCG than bzImage.
-  python3 - "$K/boot/vmlinuz-$KV" "$CACHE/vmlinux.tmp" <<'PY'
-import lzma, sys, zlib
+  local vmlinuz="$K/boot/vmlinuz-$KV"
+  [ -f "$vmlinuz" ] || vmlinuz="$K/lib/modules/$KV/vmlinuz" # linux-binary-V (7.x)
+  python3 - "$vmlinuz" "$IMG/vmlinux.tmp" <<'PY'
+import lzma, subprocess, sys, zlib
 d = open(sys.argv[1], "rb").read()
 out = None
 i = d.find(b"\xfd7zXZ\x00")
@@ -221,21 +312,27 @@ else:
     i = d.find(b"\x1f\x8b\x08\x00")
     if i >= 0:
         out = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(d[i:])
+    else:
+        i = d.find(b"\x28\xb5\x2f\xfd")
+        if i >= 0:
+            # zstd stops at the end of the frame; the rest of bzImage is ignored
+            r = subprocess.run(["zstd", "-q", "-d", "-c"], input=d[i:], capture_output=True)
+            out = r.stdout
 if not out or out[:4] != b"\x7fELF":
     sys.exit("rxe-vm: cannot extract an ELF vmlinux from " + sys.argv[1])
 open(sys.argv[2], "wb").write(out)
 PY
-  (cd "$R" && find . | sort | busybox cpio -o -H newc -R 0:0 2>/dev/null | gzip -6) >"$CACHE/initrd.img.tmp"
-  mv "$CACHE/vmlinux.tmp" "$CACHE/vmlinux"
-  mv "$CACHE/initrd.img.tmp" "$CACHE/initrd.img"
+  (cd "$R" && find . | sort | busybox cpio -o -H newc -R 0:0 2>/dev/null | gzip -6) >"$IMG/initrd.img.tmp"
+  mv "$IMG/vmlinux.tmp" "$IMG/vmlinux"
+  mv "$IMG/initrd.img.tmp" "$IMG/initrd.img"
   {
     echo "kernel_pkg=$kpkg"
     echo "kernel_release=$KV"
     for d in "$D"/*.deb; do dpkg-deb --showformat='${Package}=${Version}\n' -W "$d"; done
-  } >"$CACHE/VERSIONS"
-  recipe_id >"$CACHE/RECIPE"
-  rm -rf "$CACHE/stage"
-  say "built guest image in $CACHE ($((SECONDS - t0)) s): kernel $KV, initrd $(du -h "$CACHE/initrd.img" | cut -f1)"
+  } >"$IMG/VERSIONS"
+  recipe_id >"$IMG/RECIPE"
+  rm -rf "$IMG/stage"
+  say "built guest image in $IMG ($((SECONDS - t0)) s): kernel $KV, initrd $(du -h "$IMG/initrd.img" | cut -f1)"
 }
 
 guest_init() {
@@ -399,13 +496,14 @@ boot() { # boot I
   mkdir -p "$RUN"
   rm -f "$RUN/vm$i".agent.{in,out,lock} "$RUN/vm$i.console"
   mkfifo "$RUN/vm$i.agent.in" "$RUN/vm$i.agent.out"
-  local initrd="$CACHE/initrd.img"
+  image_ok || die "no guest image for kernel $KREL in $IMG (run: rxe-vm.sh build)"
+  local initrd="$IMG/initrd.img"
   if [ -n "${RXE_EMU_VM_EXTRA:-}" ]; then
     [ -d "$RXE_EMU_VM_EXTRA" ] || die "RXE_EMU_VM_EXTRA=$RXE_EMU_VM_EXTRA is not a directory"
     # Linux unpacks concatenated cpio archives in order: the extra files
     # land on top of the image's.
     initrd="$RUN/initrd-extra.img"
-    { cat "$CACHE/initrd.img"
+    { cat "$IMG/initrd.img"
       (cd "$RXE_EMU_VM_EXTRA" && find . | sort | busybox cpio -o -H newc -R 0:0 2>/dev/null | gzip -1)
     } >"$initrd" || die "cannot add $RXE_EMU_VM_EXTRA to the guest image"
   fi
@@ -414,7 +512,7 @@ boot() { # boot I
   ip netns exec "$NS" qemu-system-x86_64 -name "rxc-vm$i" \
     -machine pc -accel "$opt" -cpu "$cpu" -smp "$CPUS" -m "$MEM" \
     -nodefaults -no-user-config -display none -vga none -no-reboot \
-    -kernel "$CACHE/vmlinux" -initrd "$initrd" -append "$append" \
+    -kernel "$IMG/vmlinux" -initrd "$initrd" -append "$append" \
     -serial "file:$RUN/vm$i.console" \
     -netdev "tap,id=n0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=n0,mac=$(printf '52:54:00:77:00:%02x' $((10 + i)))" \
@@ -622,6 +720,7 @@ case "${1:-help}" in
   netem) shift; cmd_netem "$@" ;;
   capture) shift; cmd_capture "$@" ;;
   console) cat "$RUN/vm${2:?guest}.console" ;;
+  versions) cat "$IMG/VERSIONS" ;;
   status) cmd_status ;;
   down) cmd_down ;;
   help | -h | --help) usage ;;
