@@ -1,5 +1,5 @@
 //! Turns `exports.txt` into the linker version script (the version nodes
-//! RDMACM_1.0 ... RDMACM_1.3 and RDMACM_1.5, each inheriting the one before, as
+//! RDMACM_1.0 ... RDMACM_1.5, each inheriting the one before, as
 //! rdma-core's librdmacm.map chains them) and into `.symver` directives
 //! that give each Rust implementation `rxe_<symbol>` its public versioned
 //! name `<symbol>@@<node>`: programs linked BIND_NOW against Debian's

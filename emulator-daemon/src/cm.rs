@@ -409,6 +409,7 @@ impl CmService {
                 status,
                 param,
                 addrs,
+                arg: 0,
             },
         ));
     }

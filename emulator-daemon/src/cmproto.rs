@@ -69,6 +69,15 @@ pub mod event {
     pub const ADDR_CHANGE: u32 = 14;
     /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`
     pub const TIMEWAIT_EXIT: u32 = 15;
+    /// `RDMA_CM_EVENT_ADDRINFO_RESOLVED` (rdma-core v60+): the library
+    /// posts it itself (with [`Request::Requeue`](super::Request::Requeue))
+    /// when `rdma_resolve_addrinfo` has its answer.
+    pub const ADDRINFO_RESOLVED: u32 = 16;
+    /// `RDMA_CM_EVENT_ADDRINFO_ERROR` (rdma-core v60+).
+    pub const ADDRINFO_ERROR: u32 = 17;
+    /// `RDMA_CM_EVENT_USER` (rdma-core v60+): `rdma_write_cm_event`'s
+    /// event, with the program's status and `arg`.
+    pub const USER: u32 = 18;
 }
 
 /// The connection parameters of `struct rdma_conn_param` (and of the
@@ -236,7 +245,12 @@ pub enum Request {
     /// Deliver `event` again, on `chan`: `rdma_migrate_id` hands the
     /// events of the id that were already in the old channel's socket to
     /// the new one (as the kernel moves them between ucma files), so the
-    /// new channel's fd shows them to `poll`.
+    /// new channel's fd shows them to `poll`. The library also posts its
+    /// own events this way (what the kernel's `WRITE_CM_EVENT` does for
+    /// rdma-core): `rdma_write_cm_event`'s USER event and
+    /// `rdma_resolve_addrinfo`'s ADDRINFO_RESOLVED. The daemon sends the
+    /// event to the channel's socket before the `OK` (unless the socket
+    /// is full; then it follows as the process reads).
     Requeue {
         /// The channel.
         chan: u64,
@@ -721,6 +735,9 @@ pub struct CmEvent {
     /// Addresses (ADDR_RESOLVED, ROUTE_RESOLVED, CONNECT_REQUEST,
     /// MULTICAST_JOIN: `dst` is the group, `dgid` its MGID).
     pub addrs: Addrs,
+    /// USER: the program's value for `param.arg` (key `arg`, written
+    /// only when not 0).
+    pub arg: u64,
 }
 
 impl CmEvent {
@@ -738,6 +755,9 @@ impl CmEvent {
             p.write(&mut s);
         }
         self.addrs.write(&mut s);
+        if self.arg != 0 {
+            let _ = write!(s, " arg={:#x}", self.arg);
+        }
         s
     }
 
@@ -759,6 +779,7 @@ impl CmEvent {
                 None
             },
             addrs: Addrs::read(&f)?,
+            arg: f.u64_or("arg", 0)?,
         })
     }
 }
@@ -850,6 +871,16 @@ mod tests {
                     ..CmEvent::default()
                 },
             },
+            Request::Requeue {
+                chan: 4,
+                event: CmEvent {
+                    id: 3,
+                    event: event::USER,
+                    status: -5,
+                    arg: u64::MAX,
+                    ..CmEvent::default()
+                },
+            },
         ];
         for r in all {
             assert_eq!(Request::parse(&r.to_line()), Ok(r.clone()), "{r:?}");
@@ -894,6 +925,7 @@ mod tests {
                 dgid: Some([2; 16]),
                 path_mtu: Some(3),
             },
+            arg: 0x1234_5678_9abc_def0,
         };
         assert_eq!(CmEvent::parse(&e.to_line()), Ok(e));
         let plain = CmEvent {

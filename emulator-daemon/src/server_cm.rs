@@ -81,6 +81,11 @@ impl Server {
             Ok(f) => format!("OK {f}\n"),
             Err(e) => format!("{}\n", e.to_line()),
         };
+        // The events the request made go out first: once the process has
+        // its OK, they are in their channels' sockets (a REQUEUE'd
+        // RDMA_CM_EVENT_USER is readable when rdma_write_cm_event
+        // returns, as the kernel's is).
+        self.flush_cm();
         // Queued and written as the process reads: one that sends
         // requests without reading the answers cannot block the daemon,
         // and is dropped once it owes too much.

@@ -141,7 +141,18 @@ pub struct rdma_ud_param {
 pub union rdma_cm_event_param {
     pub conn: rdma_conn_param,
     pub ud: rdma_ud_param,
+    /// rdma-core v60+: RDMA_CM_EVENT_USER's value (`rdma_write_cm_event`).
+    /// Not in Debian 12's header (so not in layout.txt); at offset 0 of
+    /// the union and smaller than `conn`, it changes neither the union's
+    /// size nor its alignment (asserted below).
+    pub arg: u64,
 }
+
+const _: () = {
+    assert!(std::mem::offset_of!(rdma_cm_event_param, arg) == 0);
+    assert!(std::mem::size_of::<rdma_cm_event_param>() == std::mem::size_of::<rdma_ud_param>());
+    assert!(std::mem::align_of::<rdma_cm_event_param>() == std::mem::align_of::<u64>());
+};
 
 /// `struct rdma_cm_event`.
 #[repr(C)]
@@ -195,6 +206,11 @@ pub const RAI_PASSIVE: c_int = 1;
 pub const RAI_NUMERICHOST: c_int = 2;
 pub const RAI_NOROUTE: c_int = 4;
 pub const RAI_FAMILY: c_int = 8;
+/// Resolve through the IB SA (rdma-core v60+; RoCE has no SA).
+pub const RAI_SA: c_int = 0x10;
+/// Resolve through DNS (rdma-core v60+, `rdma_resolve_addrinfo`; the
+/// default). Excludes [`RAI_SA`].
+pub const RAI_DNS: c_int = 0x20;
 
 pub const RDMA_OPTION_ID: c_int = 0;
 pub const RDMA_OPTION_IB: c_int = 1;

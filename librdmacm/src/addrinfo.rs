@@ -2,10 +2,23 @@
 //! `getaddrinfo`, as librdmacm's `addrinfo.c` does (without its IB ACM
 //! and SA paths, which RoCE does not have). Results are malloc'd, as
 //! programs may free parts of them with `free`.
+//!
+//! And rdma-core v60's `rdma_resolve_addrinfo`/`rdma_query_addrinfo`
+//! (RDMACM_1.4), as its `cma.c` does them with DNS: the name is resolved
+//! at once with `rdma_getaddrinfo`, the answer kept on the id, and an
+//! RDMA_CM_EVENT_ADDRINFO_RESOLVED put on the id's channel; a name that
+//! does not resolve fails the call itself (-1, errno the getaddrinfo
+//! code, as rdma-core sets it), and no event comes. `RAI_SA` (resolution
+//! of an IB service through the subnet administrator) is EOPNOTSUPP, as
+//! the kernel refuses it on a port without an SA; RoCE has none.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
+use emulator_daemon::cmproto::{event as ev, CmErr};
+
 use crate::abi::*;
+use crate::id::{self, CmId};
+use crate::{err, event};
 
 /// A malloc'd copy of `len` bytes at `src`.
 ///
@@ -207,6 +220,155 @@ unsafe fn freeaddrinfo(mut res: *mut rdma_addrinfo) {
             res = next;
         }
     }
+}
+
+/// A list from [`getaddrinfo`] an id holds (librdmacm `resolved_ai`):
+/// freed when dropped, unless taken.
+pub struct AiList(*mut rdma_addrinfo);
+
+impl Default for AiList {
+    fn default() -> AiList {
+        AiList(std::ptr::null_mut())
+    }
+}
+
+impl AiList {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_null()
+    }
+
+    /// The list, for the program to free; the holder keeps none.
+    pub fn take(&mut self) -> *mut rdma_addrinfo {
+        std::mem::replace(&mut self.0, std::ptr::null_mut())
+    }
+}
+
+impl Drop for AiList {
+    fn drop(&mut self) {
+        // SAFETY: NULL or a list from getaddrinfo that no one else holds.
+        unsafe { freeaddrinfo(self.take()) };
+    }
+}
+
+/// `rdma_resolve_addrinfo`'s work, the id marked resolving (librdmacm
+/// `__rdma_resolve_addrinfo`).
+///
+/// # Safety
+/// `node`, `service` and `hints` are NULL or valid.
+unsafe fn resolve(
+    c: &CmId,
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+) -> Result<(), CmErr> {
+    // SAFETY: NULL or the program's hints.
+    let flags = unsafe { hints.as_ref() }.map_or(0, |h| h.ai_flags);
+    if flags & RAI_SA != 0 {
+        if flags & RAI_DNS != 0 {
+            return Err(err(
+                libc::EOPNOTSUPP,
+                "RAI_SA and RAI_DNS exclude each other",
+            ));
+        }
+        if !node.is_null() {
+            return Err(err(
+                libc::EOPNOTSUPP,
+                "RAI_SA takes no node, only a service",
+            ));
+        }
+        if service.is_null() {
+            return Err(err(libc::EINVAL, "RAI_SA needs a service"));
+        }
+        if c.verbs().is_null() {
+            return Err(err(libc::EINVAL, "RAI_SA: the id is not bound to a device"));
+        }
+        return Err(err(
+            libc::EOPNOTSUPP,
+            "RAI_SA: RoCE has no subnet administrator to resolve an IB service",
+        ));
+    }
+    let mut list = std::ptr::null_mut();
+    // SAFETY: the program's arguments (valid or NULL) and our out pointer.
+    let r = unsafe { getaddrinfo(node, service, hints, &mut list) };
+    if r != 0 {
+        // rdma-core gives errno rdma_getaddrinfo's return: getaddrinfo's
+        // code (EAI_NONAME is -2). Its -1 failures set errno already
+        // (rdma-core then makes errno -1; ours says why).
+        if r == -1 {
+            return Err(err(crate::errno(), "rdma_getaddrinfo failed"));
+        }
+        // SAFETY: gai_strerror returns a static string.
+        let why = unsafe { CStr::from_ptr(libc::gai_strerror(r)) };
+        return Err(err(
+            r,
+            format!("getaddrinfo: {} (errno is its code)", why.to_string_lossy()),
+        ));
+    }
+    c.st().resolved_ai = AiList(list);
+    if let Err(e) = event::post(c, ev::ADDRINFO_RESOLVED, 0, 0) {
+        c.st().resolved_ai = AiList::default();
+        return Err(e);
+    }
+    // A synchronous id waits for its event, as after rdma_resolve_addr.
+    id::complete(c)
+}
+
+/// rdma-core v60+ `rdma_resolve_addrinfo`.
+#[no_mangle]
+pub unsafe extern "C" fn rxe_rdma_resolve_addrinfo(
+    id: *mut rdma_cm_id,
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+) -> c_int {
+    crate::call("rdma_resolve_addrinfo", || {
+        // SAFETY: the program hands us an id we made (or NULL: EINVAL).
+        let c = unsafe { id::cm(id)? };
+        {
+            let mut st = c.st();
+            if st.resolving_ai {
+                return Err(err(
+                    libc::EBUSY,
+                    "a resolution is under way, or its answer not yet queried",
+                ));
+            }
+            st.resolving_ai = true;
+        }
+        // SAFETY: the program's arguments.
+        let r = unsafe { resolve(c, node, service, hints) };
+        if r.is_err() {
+            c.st().resolving_ai = false;
+        }
+        r
+    })
+}
+
+/// rdma-core v60+ `rdma_query_addrinfo`: hands the program the answer
+/// of `rdma_resolve_addrinfo` (once; it frees it with
+/// `rdma_freeaddrinfo`), ENOENT if there is none.
+#[no_mangle]
+pub unsafe extern "C" fn rxe_rdma_query_addrinfo(
+    id: *mut rdma_cm_id,
+    info: *mut *mut rdma_addrinfo,
+) -> c_int {
+    crate::call("rdma_query_addrinfo", || {
+        // SAFETY: the program hands us an id we made (or NULL: EINVAL).
+        let c = unsafe { id::cm(id)? };
+        if info.is_null() {
+            return Err(err(libc::EINVAL, "info is NULL"));
+        }
+        let mut st = c.st();
+        if !st.resolving_ai || st.resolved_ai.is_empty() {
+            return Err(err(
+                libc::ENOENT,
+                "no rdma_resolve_addrinfo answer to query",
+            ));
+        }
+        st.resolving_ai = false;
+        // SAFETY: the program's out pointer.
+        unsafe { *info = st.resolved_ai.take() };
+        Ok(())
+    })
 }
 
 #[no_mangle]

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::BorrowedFd;
 
 use emulator_daemon::cm_client::recv_event;
-use emulator_daemon::cmproto::{event as ev, CmErr, CmEvent, ConnParam};
+use emulator_daemon::cmproto::{event as ev, CmErr, CmEvent, ConnParam, Request};
 
 use crate::abi::*;
 use crate::id::{self, CmId, Role};
@@ -26,7 +26,9 @@ struct EventBox {
     owner: *const CmId,
 }
 
-static NAMES: [&str; 16] = [
+/// rdma-core's names; RDMA_CM_EVENT_USER and _INTERNAL have none there
+/// ("UNKNOWN EVENT").
+static NAMES: [&str; 18] = [
     "RDMA_CM_EVENT_ADDR_RESOLVED",
     "RDMA_CM_EVENT_ADDR_ERROR",
     "RDMA_CM_EVENT_ROUTE_RESOLVED",
@@ -43,6 +45,8 @@ static NAMES: [&str; 16] = [
     "RDMA_CM_EVENT_MULTICAST_ERROR",
     "RDMA_CM_EVENT_ADDR_CHANGE",
     "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    "RDMA_CM_EVENT_ADDRINFO_RESOLVED",
+    "RDMA_CM_EVENT_ADDRINFO_ERROR",
 ];
 
 /// `rdma_event_str`'s words for an event number.
@@ -307,6 +311,11 @@ fn process(mut e: CmEvent) -> Option<Box<EventBox>> {
         ev::MULTICAST_JOIN | ev::MULTICAST_ERROR => {
             crate::mcast::process(c, &e, &mut b.ev, &mut b.private_data);
         }
+        // The library's own events (rdma_write_cm_event,
+        // rdma_resolve_addrinfo): status as posted, no parameters but
+        // USER's value.
+        ev::USER => b.ev.param.arg = e.arg,
+        ev::ADDRINFO_RESOLVED | ev::ADDRINFO_ERROR => {}
         _ => {
             if is_ud(c) {
                 ud_param(&mut b, c, e.param.as_ref());
@@ -338,6 +347,54 @@ pub unsafe fn get(channel: *mut rdma_event_channel) -> Result<*mut rdma_cm_event
             return Ok(Box::into_raw(b) as *mut rdma_cm_event);
         }
     }
+}
+
+/// Put an event of the library's own for `c` on the id's channel, as
+/// rdma-core does with the kernel's `WRITE_CM_EVENT`: it goes through the
+/// daemon, so the channel's fd shows it to `poll`, in order with the
+/// daemon's events, and it moves with the id on `rdma_migrate_id`.
+pub fn post(c: &CmId, event: u32, status: c_int, arg: u64) -> Result<(), CmErr> {
+    // SAFETY: the id is live; its channel is one we made.
+    let chan = unsafe { (*id::raw(c)).channel as *const id::Channel };
+    if chan.is_null() {
+        return Err(err(libc::EINVAL, "the id has no event channel"));
+    }
+    // SAFETY: as above.
+    let chan = unsafe { (*chan).handle };
+    crate::conn::request(&Request::Requeue {
+        chan,
+        event: CmEvent {
+            id: c.handle,
+            event,
+            status,
+            arg,
+            ..CmEvent::default()
+        },
+    })
+    .map(|_| ())
+}
+
+/// rdma-core v60+ `rdma_write_cm_event`: only RDMA_CM_EVENT_USER may be
+/// written (EINVAL else); the program reads it back with its `status`
+/// and `arg` in `param.arg`.
+#[no_mangle]
+pub unsafe extern "C" fn rxe_rdma_write_cm_event(
+    id: *mut rdma_cm_id,
+    event: c_int,
+    status: c_int,
+    arg: u64,
+) -> c_int {
+    crate::call("rdma_write_cm_event", || {
+        // SAFETY: the program hands us an id we made (or NULL: EINVAL).
+        let c = unsafe { id::cm(id)? };
+        if event != ev::USER as c_int {
+            return Err(err(
+                libc::EINVAL,
+                format!("event {event} is not RDMA_CM_EVENT_USER (18)"),
+            ));
+        }
+        post(c, ev::USER, status, arg)
+    })
 }
 
 #[no_mangle]

@@ -84,6 +84,11 @@ pub struct IdState {
     pub local_ece: ibv_ece,
     pub remote_ece: ibv_ece,
     pub mcs: Vec<Mc>,
+    /// `rdma_resolve_addrinfo` was called and its answer not yet queried
+    /// (librdmacm `resolving_ai`): another call is EBUSY.
+    pub resolving_ai: bool,
+    /// Its answer, until `rdma_query_addrinfo` takes it; freed with the id.
+    pub resolved_ai: crate::addrinfo::AiList,
 }
 
 /// Events handed to the program for an id and not yet acked.

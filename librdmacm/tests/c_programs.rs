@@ -6,7 +6,8 @@
 //! address where no CM answers ends in
 //! RDMA_CM_EVENT_UNREACHABLE with status -110 (after kernel cm's 16 REQ
 //! timeouts, about 100 s), never a hang; with no daemon,
-//! rdma_create_event_channel fails with ENODEV.
+//! rdma_create_event_channel fails with ENODEV. And `tests/c/cm_addrinfo.c`,
+//! linked against our librdmacm: rdma-core v60's RDMACM_1.4 calls.
 
 #[path = "../../libibverbs/tests/common/mod.rs"]
 mod common;
@@ -29,6 +30,32 @@ fn compile_c(name: &str, dir: &Path) -> Option<PathBuf> {
         .arg(&exe)
         .arg(src)
         .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        cc.status.success(),
+        "cc {name}.c failed:\n{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    Some(exe)
+}
+
+/// Compile `tests/c/<name>.c` and link it against our librdmacm, as a
+/// program built against rdma-core v60+ is linked (it uses RDMACM_1.4,
+/// which Debian 12's librdmacm lacks).
+fn compile_c_against_ours(name: &str, dir: &Path) -> Option<PathBuf> {
+    if !have_file("/usr/include/rdma/rdma_cma.h", "librdmacm-dev") || !have_program("cc", "gcc") {
+        return None;
+    }
+    let libs = dropin_dir();
+    let exe = dir.join(name);
+    let src = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .arg(libs.join("librdmacm.so.1"))
+        .arg(format!("-Wl,-rpath-link,{}", libs.display()))
         .output()
         .expect("cc runs");
     assert!(
@@ -138,6 +165,31 @@ fn vanished_peer_is_unreachable_not_a_hang() {
     assert!(!timed_out, "hung:\n{}", text(&out));
     assert!(
         out.status.success() && text(&out).contains("OK unreachable status=-110"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// rdma-core v60's RDMACM_1.4 (`tests/c/cm_addrinfo.c`, linked against
+/// our library): rdma_write_cm_event's USER event read back with its
+/// status and arg (on a thread it wakes, and after rdma_migrate_id),
+/// rdma_resolve_addrinfo's ADDRINFO_RESOLVED and rdma_query_addrinfo's
+/// list, and the errors rdma-core gives (EINVAL, EBUSY, ENOENT,
+/// EAI_NONAME with no event, EOPNOTSUPP for RAI_SA).
+#[test]
+fn resolve_query_addrinfo_and_user_events() {
+    let dir = scratch_dir("addrinfo");
+    let Some(exe) = compile_c_against_ours("cm_addrinfo", &dir) else {
+        return;
+    };
+    let _s = serial();
+    let a = "127.0.98.5";
+    let d = Daemon::start("addrinfo", &format!("rxe0={a}"));
+    let child = d.command(exe.to_str().unwrap()).arg(a).spawn().unwrap();
+    let (out, timed_out) = wait_limited(child, Duration::from_secs(60));
+    assert!(!timed_out, "hung:\n{}", text(&out));
+    assert!(
+        out.status.success() && text(&out).contains("OK addrinfo and user events"),
         "{}",
         text(&out)
     );
