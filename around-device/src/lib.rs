@@ -23,12 +23,12 @@
 //! the view at the kernel's paths, with no root, no mount and no user
 //! namespace. Nothing outside the program sees it.
 //!
-//! Netlink: nothing is answered. Middleware of Debian 12 (UCX 1.13,
-//! libfabric 1.17, Open MPI 4.1) makes no RDMA netlink query of its own;
-//! rdma-core's libibverbs does (device discovery), but ours replaces it.
-//! On a machine without the kernel's RDMA core a `NETLINK_RDMA` socket
-//! fails with `EPROTONOSUPPORT`, which is what every program is prepared
-//! for.
+//! RDMA netlink: [`netlink`] answers what the kernel's RDMA core answers
+//! on a `NETLINK_RDMA` socket about its devices (`rdma dev show`, `rdma
+//! link show`; rdma-core's test suite asks `rdma link show -j` for a
+//! port's netdev), from the view; the preload library gives a program's
+//! `NETLINK_RDMA` socket to it. Other netlink families are untouched.
 
+pub mod netlink;
 pub mod paths;
 pub mod view;

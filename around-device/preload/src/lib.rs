@@ -416,3 +416,6 @@ pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_c
     unsafe { unmap(r) };
     r
 }
+
+// After the macros above, which it uses.
+mod netlink;
