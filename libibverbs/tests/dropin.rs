@@ -278,6 +278,96 @@ fn rust_rc_pingpong_talks_to_debians_ibv_rc_pingpong_on_the_dropin() {
     }
 }
 
+/// `rxe-emu exec`: iproute2's unmodified `rdma` asks RDMA netlink and
+/// sees the daemon's devices as on kernel rxe (`rdma link show` and `-j`,
+/// `rdma dev show`, one port by name); an unknown device is refused as
+/// the kernel refuses it, a command we do not answer fails cleanly, and
+/// other netlink families (`ip`) are untouched.
+#[test]
+fn rxe_emu_exec_answers_rdma_netlink_for_iproute2s_rdma() {
+    if !have_program("rdma", "iproute2") {
+        return;
+    }
+    let _s = serial();
+    let cli = common::profile_dir().join("rxe-emu");
+    let socket = common::scratch_dir("exec-netlink").join("rxe-emud.sock");
+    let run = |args: &[&str]| {
+        std::process::Command::new(&cli)
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap()
+    };
+    // The daemon keeps what it inherits open: no pipes for `start`.
+    let start = std::process::Command::new(&cli)
+        .arg("--socket")
+        .arg(&socket)
+        .args([
+            "start",
+            "--device",
+            "rxe0=127.0.99.1",
+            "--device",
+            "rxe1=127.0.99.2",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(start.success(), "rxe-emu start: {start:?}");
+    // Stopped however the test ends.
+    struct Stop<'a>(&'a dyn Fn(&[&str]) -> std::process::Output);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["stop"]);
+        }
+    }
+    let _stop = Stop(&run);
+    let exec = |cmd: &str| {
+        let o = run(&["exec", "--", "sh", "-c", cmd]);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let link = exec("rdma link show");
+    let json = exec("rdma -j link show");
+    let dev = exec("rdma dev show");
+    let one = exec("rdma link show rxe1/1");
+    let unknown = exec("rdma link show rxe7/1");
+    let unsupported = exec("rdma resource show");
+    let ip = exec("ip -br link show lo");
+    assert_eq!(
+        link.1,
+        "link rxe0/1 state ACTIVE physical_state LINK_UP netdev lo \n\
+         link rxe1/1 state ACTIVE physical_state LINK_UP netdev lo \n",
+        "{link:?}"
+    );
+    assert_eq!(link.0, Some(0));
+    // What rdma-core's tests read: ifname, port, netdev.
+    assert!(
+        json.1.starts_with(r#"[{"ifindex":1,"ifname":"rxe0","port":1,"state":"ACTIVE","physical_state":"LINK_UP","netdev":"lo","netdev_index":1}"#),
+        "{json:?}"
+    );
+    assert!(
+        dev.1.starts_with("1: rxe0: node_type ca node_guid "),
+        "{dev:?}"
+    );
+    assert!(dev.1.contains("\n2: rxe1: node_type ca "), "{dev:?}");
+    assert!(one.1.starts_with("link rxe1/1 state ACTIVE"), "{one:?}");
+    assert_eq!(unknown.0, Some(1), "{unknown:?}");
+    assert!(unknown.2.contains("Wrong device name"), "{unknown:?}");
+    assert_eq!(unsupported.0, Some(1), "{unsupported:?}");
+    assert!(
+        unsupported.2.contains("Operation not supported"),
+        "{unsupported:?}"
+    );
+    assert!(ip.1.starts_with("lo "), "{ip:?}");
+}
+
 /// `rxe-emu exec`: the program sees /sys/class/infiniband/rxe0 with its
 /// netdev, as on kernel rxe (rdma-core's Python tests look there); nothing
 /// outside it does.
