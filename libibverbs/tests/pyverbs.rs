@@ -115,26 +115,7 @@ fn rdma_core_test_suite_passes_on_rxe0() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!timed_out, "the suite hung:\n{log}");
-    // unittest -v prints "name (id) ... result", or "name (id)" and then
-    // the docstring's first line with the result.
-    let mut results: Vec<(&str, &str)> = Vec::new();
-    let mut current = "";
-    for l in log.lines() {
-        if l.starts_with("test") && l.contains(" (tests.") {
-            current = l.split(' ').next().unwrap_or("");
-        }
-        for r in ["ok", "ERROR", "FAIL", "skipped", "expected failure"] {
-            // A warning printed by the test (DeprecationWarning in
-            // test_device.py) pushes the result onto a line of its own.
-            if l.ends_with(&format!("... {r}"))
-                || l.contains(&format!("... {r} "))
-                || l == r
-                || l.starts_with(&format!("{r} '"))
-            {
-                results.push((current, r));
-            }
-        }
-    }
+    let results = unittest_results(&log);
     let passed: Vec<&str> = results
         .iter()
         .filter(|r| r.1 == "ok")

@@ -134,6 +134,108 @@ pub fn in_root(root: &Path, script: &str, limit: Duration) -> (bool, String) {
     (!timed_out && out.status.success(), text)
 }
 
+/// What rdma-core's test suite did in a root.
+pub struct SuiteRun {
+    /// "Ran N tests" (0 if the line is missing).
+    pub ran: usize,
+    /// Tests that passed.
+    pub passed: Vec<String>,
+    /// Skipped, and expected failures.
+    pub skipped: usize,
+    /// Tests that failed or errored, with which.
+    pub bad: Vec<(String, &'static str)>,
+    /// The whole output.
+    pub log: String,
+}
+
+/// rdma-core's own test suite of the root's `python3-pyverbs` (shipped in
+/// `/usr/share/doc/rdma-core/tests`), unmodified, on rxe0 under `rxe-emu
+/// exec`, as its users run it: in a network namespace of its own where
+/// rxe0 is on `lo`'s only address, 127.0.0.1 (the suite takes a port's
+/// netdev from `rdma link show -j`, which rxe-emu answers, and then that
+/// netdev's first address). Counted with a `gc.collect()` after every
+/// test: rdma-core 56's stock runner segfaults in pyverbs' garbage
+/// collection on devices without RAW_PACKET QPs, kernel rxe's included
+/// (its own figures were counted the same way). Multiprocessing starts
+/// its children with `fork`, the default the suite was written for
+/// (Python 3.14's forkserver cannot pickle pyverbs objects).
+pub fn rdma_core_suite(root: &Path) -> SuiteRun {
+    let build = profile_dir();
+    let setup = format!(
+        "set -e; ip link set lo up; mount --make-rprivate /; R='{r}'
+         mount -t proc proc \"$R/proc\"; mount --bind /dev \"$R/dev\"
+         mount -t sysfs sysfs \"$R/sys\"
+         mount -t tmpfs tmpfs \"$R/tmp\"; mkdir -p \"$R/opt/rxe-emu\"
+         mount --bind -o ro '{b}' \"$R/opt/rxe-emu\"
+         exec chroot \"$R\" /bin/bash -c \"$0\"",
+        r = root.display(),
+        b = build.display()
+    );
+    let script = r#"export RXE_EMU_SOCKET=/tmp/s/sock
+        X=/opt/rxe-emu/rxe-emu
+        $X start --device rxe0=127.0.0.1 >/dev/null
+        trap '$X stop >/dev/null 2>&1' EXIT
+        mkdir /tmp/suite && cp -r /usr/share/doc/rdma-core/tests /tmp/suite/
+        cd /tmp/suite && find . -name '*.gz' -exec gunzip -f {} +
+        cat >gcrun.py <<'PY'
+import gc, multiprocessing, os, runpy, sys, unittest
+# Python 3.14 (sid) starts multiprocessing children with forkserver, which
+# pickles the test case, and pyverbs objects cannot be pickled
+# (test_multi_process_alloc_dm); fork is what the suite was written for.
+multiprocessing.set_start_method('fork')
+stop = unittest.TestResult.stopTest
+def stop_and_collect(self, test):
+    gc.collect()
+    stop(self, test)
+unittest.TestResult.stopTest = stop_and_collect
+sys.argv[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'run_tests.py')
+runpy.run_path(sys.argv[0], run_name='__main__')
+PY
+        cp gcrun.py tests/gcrun.py
+        $X exec -- timeout 1200 python3 tests/gcrun.py --dev rxe0 -v 2>&1
+        echo "SUITE-EXIT $?"
+    "#;
+    let child = Command::new("unshare")
+        .args(["-m", "-n", "bash", "-c", &setup, script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, timed_out) = wait_limited(child, Duration::from_secs(1500));
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!timed_out, "rdma-core's suite hung:\n{log}");
+    let results = super::unittest_results(&log);
+    let passed = results
+        .iter()
+        .filter(|r| r.1 == "ok")
+        .map(|r| r.0.to_string())
+        .collect();
+    let skipped = results
+        .iter()
+        .filter(|r| r.1 == "skipped" || r.1 == "expected failure")
+        .count();
+    let bad = results
+        .iter()
+        .filter(|r| r.1 == "ERROR" || r.1 == "FAIL")
+        .map(|r| (r.0.to_string(), r.1))
+        .collect();
+    let ran = log
+        .lines()
+        .find_map(|l| l.strip_prefix("Ran ")?.split(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    SuiteRun {
+        ran,
+        passed,
+        skipped,
+        bad,
+        log,
+    }
+}
+
 /// Every program of /usr/bin that links libibverbs or librdmacm loads
 /// with every symbol bound at once (a missing one fails the load, as
 /// perftest 25.01 failed on libmlx5's ibv_cmd_create_cq_ex2 before) and

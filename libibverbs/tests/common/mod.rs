@@ -22,6 +22,31 @@ mod skip;
 #[allow(unused_imports)]
 pub use skip::{have_file, have_program, have_root, required, skip};
 
+/// The results of a `unittest -v` log, in order: (test name, result),
+/// the result one of "ok", "ERROR", "FAIL", "skipped", "expected failure".
+/// unittest -v prints "name (id) ... result", or "name (id)" and then the
+/// docstring's first line with the result; a warning printed by a test
+/// pushes the result onto a line of its own.
+pub fn unittest_results(log: &str) -> Vec<(&str, &'static str)> {
+    let mut results = Vec::new();
+    let mut current = "";
+    for l in log.lines() {
+        if l.starts_with("test") && l.contains(" (tests.") {
+            current = l.split(' ').next().unwrap_or("");
+        }
+        for r in ["ok", "ERROR", "FAIL", "skipped", "expected failure"] {
+            if l.ends_with(&format!("... {r}"))
+                || l.contains(&format!("... {r} "))
+                || l == r
+                || l.starts_with(&format!("{r} '"))
+            {
+                results.push((current, r));
+            }
+        }
+    }
+    results
+}
+
 pub fn scratch_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("rxe-dropin-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -183,17 +208,37 @@ impl Drop for Daemon {
 
 /// Wait for a child, killing it after `limit`.
 pub fn wait_limited(mut child: Child, limit: Duration) -> (Output, bool) {
+    // The pipes are drained as the child writes: a child that writes more
+    // than a pipe holds (rdma-core's suite with -v) would otherwise block
+    // until the limit.
+    fn drain<R: std::io::Read + Send + 'static>(r: Option<R>) -> JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut b);
+            }
+            b
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let start = Instant::now();
-    loop {
+    let (status, timed_out) = loop {
         match child.try_wait().unwrap() {
-            Some(_) => return (child.wait_with_output().unwrap(), false),
+            Some(st) => break (st, false),
             None if start.elapsed() > limit => {
                 let _ = child.kill();
-                return (child.wait_with_output().unwrap(), true);
+                break (child.wait().unwrap(), true);
             }
             None => std::thread::sleep(Duration::from_millis(20)),
         }
-    }
+    };
+    let output = Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    };
+    (output, timed_out)
 }
 
 /// Whether something listens on TCP `port` (IPv4 or IPv6, any address).
