@@ -1026,6 +1026,11 @@ fn main() {
     }
     println!("{summary}");
     let _ = std::fs::write(ctx.o.out.join("summary.txt"), format!("{summary}\n"));
+    // exit() runs no destructor: stop our rxe-emud here, so that the
+    // bridge address is free for what `run` does next (the facts check).
+    if let Some((mut p, _)) = ctx.emud.take() {
+        p.kill();
+    }
     exit(if infra.is_some() {
         2
     } else if failed > 0 {
