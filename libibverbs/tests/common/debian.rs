@@ -148,6 +148,36 @@ pub struct SuiteRun {
     pub log: String,
 }
 
+impl SuiteRun {
+    /// Print the counts, then: no failure, no error, the suite ran to its
+    /// end with at least `min_ran` tests, and at least `min_passed` passed.
+    pub fn assert_clean(&self, suite: &str, min_ran: usize, min_passed: usize) {
+        let r = self;
+        eprintln!(
+            "{suite} suite on rxe0: ran {}, passed {}, skipped {}, failed or errors {}: {:?}",
+            r.ran,
+            r.passed.len(),
+            r.skipped,
+            r.bad.len(),
+            r.bad
+        );
+        assert!(
+            r.bad.is_empty(),
+            "failed or errors: {:#?}\n{}",
+            r.bad,
+            r.log
+        );
+        assert!(r.ran >= min_ran, "ran {} tests:\n{}", r.ran, r.log);
+        assert!(r.log.contains("SUITE-EXIT 0"), "{}", r.log);
+        assert!(
+            r.passed.len() >= min_passed,
+            "only {} passed:\n{}",
+            r.passed.len(),
+            r.log
+        );
+    }
+}
+
 /// rdma-core's own test suite of the root's `python3-pyverbs` (shipped in
 /// `/usr/share/doc/rdma-core/tests`), unmodified, on rxe0 under `rxe-emu
 /// exec`, as its users run it: in a network namespace of its own where
