@@ -547,6 +547,14 @@ pub unsafe extern "C" fn query_device_ex(
         const SRQ_RECV: u32 = 1 << 5;
         ex.odp_caps.general_caps = 1 | (1 << 1); // IBV_ODP_SUPPORT | _IMPLICIT
         ex.odp_caps.rc_odp_caps = SEND | RECV | WRITE | READ | ATOMIC | SRQ_RECV;
+        // FLUSH and ATOMIC WRITE on ODP memory, as kernel rxe since 6.16
+        // (rdma-core 65's test_odp runs them when these bits are set).
+        const ODP_FLUSH: u32 = 1 << 6;
+        const ODP_ATOMIC_WRITE: u32 = 1 << 7;
+        // SAFETY: live context.
+        if unsafe { ctx(c) }.dev.release().has_flush_and_atomic_write() {
+            ex.odp_caps.rc_odp_caps |= ODP_FLUSH | ODP_ATOMIC_WRITE;
+        }
         ex.odp_caps.uc_odp_caps = SEND | RECV | WRITE | SRQ_RECV;
         ex.odp_caps.ud_odp_caps = SEND | RECV | SRQ_RECV;
         ex.xrc_odp_caps = SEND | WRITE | READ | ATOMIC | SRQ_RECV;
