@@ -33,6 +33,11 @@
 #   console I            print guest I's serial console
 #   status               what runs
 #   versions             the image's kernel and package versions
+#   suite                rdma-core's own test suite (python3-pyverbs of the release),
+#                        unmodified, on kernel rxe in guest 1: boots it with a root file
+#                        system of the release (built with mmdebstrap, cached) shared over
+#                        9p, runs test-support/rdma-core-suite.sh there in a chroot,
+#                        prints "rdma-core VERSION", the suite's output and "SUITE-EXIT RC"
 #   down                 kill guests, captures and every process in the namespace;
 #                        delete the namespace (with its bridge and taps)
 #
@@ -50,6 +55,8 @@
 #   RXE_EMU_VM_APPEND    extra kernel command line
 #   RXE_EMU_VM_EXTRA     a directory whose tree is added to the guests' root at boot
 #                        (a second cpio archive after the cached initramfs)
+#   RXE_EMU_VM_SHARE     a directory the guests get read-only over 9p (mount tag rxc.share;
+#                        modules in /etc/rxc.share-modules)
 set -euo pipefail
 
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -94,6 +101,8 @@ PKGS="busybox-static ibverbs-utils ibverbs-providers libibverbs1 librdmacm1 rdma
 # loss for RoCEv2 data packets only (`netem I --data`).
 MODS="virtio_pci virtio_net virtio_console virtio_rng crc32_pclmul crc32_generic sch_netem
   ifb sch_ingress act_mirred cls_matchall sch_prio cls_u32 rdma_rxe rdma_ucm ib_umad"
+# Modules loaded only where a 9p share is mounted (`suite`).
+SHARE_MODS="9pnet_virtio 9p"
 # Programs copied into the guest, relative to the unpacked packages.
 BINS="usr/bin/ibv_devinfo usr/bin/ibv_devices usr/bin/ibv_rc_pingpong usr/bin/ibv_uc_pingpong
   usr/bin/ibv_ud_pingpong usr/bin/ibv_srq_pingpong usr/bin/ib_send_bw usr/bin/ib_send_lat
@@ -258,7 +267,14 @@ cmd_build() {
   printf '/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n' >"$R/etc/ld.so.conf"
   ldconfig -r "$R" 2>/dev/null || true
 
-  local m ko mods=""
+  local m ko mods="" share_mods=""
+  for m in $SHARE_MODS; do
+    if modprobe -d "$K" -S "$KV" --show-depends "$m" >/dev/null 2>&1; then
+      share_mods="$share_mods $m"
+    else
+      say "kernel $KV has no module $m (built in or gone): left out"
+    fi
+  done
   for m in $MODS; do
     if modprobe -d "$K" -S "$KV" --show-depends "$m" >/dev/null 2>&1; then
       mods="$mods $m"
@@ -267,7 +283,7 @@ cmd_build() {
       say "kernel $KV has no module $m (built in or gone): left out"
     fi
   done
-  for m in $mods; do modprobe -d "$K" -S "$KV" --show-depends "$m" | awk '$1 == "insmod" {print $2}'; done |
+  for m in $mods $share_mods; do modprobe -d "$K" -S "$KV" --show-depends "$m" | awk '$1 == "insmod" {print $2}'; done |
     sort -u | while read -r ko; do
       mkdir -p "$R/$(dirname "${ko#"$K"/}")"
       cp "$ko" "$R/${ko#"$K"/}"
@@ -296,6 +312,7 @@ cmd_build() {
   guest_agent >"$R/sbin/rxc-agent"
   chmod 755 "$R/init" "$R/sbin/rxc-agent"
   echo "$mods" >"$R/etc/rxc.modules"
+  echo "$share_mods" >"$R/etc/rxc.share-modules"
 
   # The ELF vmlinux boots through QEMU's PVH entry: no real-mode setup and no
   # in-guest decompression, seconds faster under TCG than bzImage.
@@ -507,6 +524,12 @@ boot() { # boot I
       (cd "$RXE_EMU_VM_EXTRA" && find . | sort | busybox cpio -o -H newc -R 0:0 2>/dev/null | gzip -1)
     } >"$initrd" || die "cannot add $RXE_EMU_VM_EXTRA to the guest image"
   fi
+  local share=()
+  if [ -n "${RXE_EMU_VM_SHARE:-}" ]; then
+    [ -d "$RXE_EMU_VM_SHARE" ] || die "RXE_EMU_VM_SHARE=$RXE_EMU_VM_SHARE is not a directory"
+    share=(-fsdev "local,id=rxcshare,path=$RXE_EMU_VM_SHARE,security_model=none,readonly=on"
+      -device "virtio-9p-pci,fsdev=rxcshare,mount_tag=rxc.share")
+  fi
   local append="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off tsc=reliable no_timer_check"
   append="$append rxc.ip=$(guest_ip "$i")/24 rxc.name=vm$i rxc.mtu=$MTU ${RXE_EMU_VM_APPEND:-}"
   ip netns exec "$NS" qemu-system-x86_64 -name "rxc-vm$i" \
@@ -519,7 +542,7 @@ boot() { # boot I
     -device virtio-serial-pci \
     -chardev "pipe,id=agent,path=$RUN/vm$i.agent" \
     -device "virtserialport,chardev=agent,name=rxc.agent" \
-    -device virtio-rng-pci \
+    -device virtio-rng-pci "${share[@]}" \
     -daemonize -pidfile "$RUN/vm$i.pid"
   echo "$accel" >"$RUN/vm$i.accel"
 }
@@ -639,6 +662,49 @@ cmd_bgkill() {
   agent "$i" 10 "[ -s /tmp/bg/$name.pid ] && kill -KILL -\$(cat /tmp/bg/$name.pid) 2>/dev/null; cat /tmp/bg/$name.log 2>/dev/null; true"
 }
 
+# A root file system of the release with its python3-pyverbs (rdma-core's
+# suite), built with mmdebstrap and cached beside the image; its path.
+suite_root() {
+  local root="$CACHE/$SUITE-suite-root" pkgs="python3-pyverbs,ibverbs-providers,iproute2"
+  if [ "$(cat "$root/.rxe-vm-root" 2>/dev/null)" = "$pkgs" ]; then echo "$root"; return 0; fi
+  if ! command -v mmdebstrap >/dev/null; then
+    [ "$(id -u)" = 0 ] || die "mmdebstrap is missing (apt-get install mmdebstrap)"
+    apt_get install -y --no-install-recommends mmdebstrap >/dev/null || die "cannot install mmdebstrap"
+  fi
+  say "building a $SUITE root with $pkgs (mmdebstrap)"
+  rm -rf "$root" "$root.tmp"
+  mmdebstrap --variant=apt --aptopt='Acquire::Check-Valid-Until "false"' --include "$pkgs" \
+    "$SUITE" "$root.tmp" http://deb.debian.org/debian >&2 || die "mmdebstrap $SUITE failed"
+  echo "$pkgs" >"$root.tmp/.rxe-vm-root"
+  mv "$root.tmp" "$root"
+  echo "$root"
+}
+
+cmd_suite() {
+  local script="$(dirname "$SELF")/../../test-support/rdma-core-suite.sh" root
+  [ -f "$script" ] || die "$script is missing"
+  image_ok || cmd_build
+  root=$(suite_root) || exit 1
+  echo "rdma-core $(dpkg-query --admindir="$root/var/lib/dpkg" -W -f '${Version}' python3-pyverbs)"
+  net_up
+  RXE_EMU_VM_SHARE="$root" MEM="${RXE_EMU_VM_MEM:-2048}" boot 1
+  wait_ready 1 "${RXE_EMU_VM_BOOT_TIMEOUT:-180}" || die "vm1 did not come up"
+  # The guest's kernel rxe, its uverbs devices and its netlink, seen from the
+  # release's userland in a chroot on the 9p share (read-only; /tmp is tmpfs).
+  agent 1 1500 "set -e
+    for m in \$(cat /etc/rxc.share-modules); do modprobe \$m; done
+    R=/mnt/root; mkdir -p \$R
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose rxc.share \$R
+    mount -t proc proc \$R/proc; mount -t sysfs sysfs \$R/sys; mount -o bind /dev \$R/dev
+    mkdir -p \$R/dev/shm; mount -t tmpfs tmpfs \$R/dev/shm # multiprocessing's shared memory
+    mount -t tmpfs tmpfs \$R/tmp; mount -t tmpfs tmpfs \$R/run
+    cat >\$R/tmp/rdma-core-suite.sh <<'RXE_SUITE_EOF'
+$(cat "$script")
+RXE_SUITE_EOF
+    set +e
+    chroot \$R /bin/sh /tmp/rdma-core-suite.sh rxe0 env PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root"
+}
+
 cmd_host() { ip netns exec "$NS" sh -c "$*"; }
 
 cmd_capture() {
@@ -721,6 +787,7 @@ case "${1:-help}" in
   capture) shift; cmd_capture "$@" ;;
   console) cat "$RUN/vm${2:?guest}.console" ;;
   versions) cat "$IMG/VERSIONS" ;;
+  suite) cmd_suite ;;
   status) cmd_status ;;
   down) cmd_down ;;
   help | -h | --help) usage ;;

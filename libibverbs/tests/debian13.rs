@@ -47,12 +47,13 @@ fn debian13_programs_load_and_perftest_25_runs_on_rxe0() {
 
 /// rdma-core 56.1's own test suite (Debian 13's `python3-pyverbs`),
 /// unmodified, on rxe0 (`debian::rdma_core_suite`). The anchor, kernel
-/// rxe 6.12 under the same suite in a Debian 13 guest: 321 ran, 102
-/// passed, 218 skipped, 0 failed, 1 error (`test_resize_cq`, timing;
-/// `../shared/reference/kernel-rxe-6.1-to-7.x.md`). Here: no failure, no
-/// error, and at least 150 passed (153 measured on 2026-11-26): the
-/// kernel's passes and the tests it skips for what rxe-emu has (device
-/// memory, ODP, XRC, parent domains, rereg, extended CQs).
+/// rxe 6.12 under the same suite in a Debian 13 guest (`conformance-tests/run
+/// --anchor`): 321 ran, 102 passed, 218 skipped, 0 failed, 1 error
+/// (`test_resize_cq`, timing). Here: no failure, no error, every test the
+/// kernel passes (`conformance-tests/anchor/linux-6.12.passed`), and at
+/// least 150 passed (153 measured on 2026-11-26): the kernel's passes and
+/// the tests it skips for what rxe-emu has (device memory, ODP, XRC,
+/// parent domains, rereg, extended CQs).
 #[test]
 fn rdma_core_56_test_suite_on_rxe0() {
     let Some(root) = debian::root(&TRIXIE) else {
@@ -60,5 +61,10 @@ fn rdma_core_56_test_suite_on_rxe0() {
     };
     debian::assert_built();
     let _s = common::serial();
-    debian::rdma_core_suite(&root).assert_clean("rdma-core 56.1", 321, 150);
+    let run = debian::rdma_core_suite(&root);
+    run.assert_clean("rdma-core 56.1", 321, 150);
+    run.assert_passes_what_the_kernel_passes(
+        "6.12",
+        include_str!("../../conformance-tests/anchor/linux-6.12.passed"),
+    );
 }

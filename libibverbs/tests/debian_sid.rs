@@ -138,9 +138,10 @@ fn every_size_and_offset_matches_rdma_core_65s_verbs_h() {
 
 /// rdma-core 65's own test suite (sid's `python3-pyverbs`), unmodified, on
 /// rxe0 (`debian::rdma_core_suite`). The anchor, kernel rxe 7.2 under the
-/// same suite in a sid guest: 390 ran, 135 passed, 255 skipped, 0 failed
-/// (`../shared/reference/kernel-rxe-6.1-to-7.x.md`). Here: no failure,
-/// no error, at least 170 passed (175 measured on 2026-11-26).
+/// same suite in a sid guest (`conformance-tests/run --anchor`): 390 ran,
+/// 135 passed, 255 skipped, 0 failed. Here: no failure, no error, every
+/// test the kernel passes (`conformance-tests/anchor/linux-7.2.passed`),
+/// at least 170 passed (175 measured on 2026-11-26).
 #[test]
 fn rdma_core_65_test_suite_on_rxe0() {
     let Some(root) = debian::root(&SID) else {
@@ -148,5 +149,10 @@ fn rdma_core_65_test_suite_on_rxe0() {
     };
     debian::assert_built();
     let _s = common::serial();
-    debian::rdma_core_suite(&root).assert_clean("rdma-core 65", 390, 170);
+    let run = debian::rdma_core_suite(&root);
+    run.assert_clean("rdma-core 65", 390, 170);
+    run.assert_passes_what_the_kernel_passes(
+        "7.2",
+        include_str!("../../conformance-tests/anchor/linux-7.2.passed"),
+    );
 }

@@ -14,6 +14,10 @@ use std::time::Duration;
 
 use super::{have_program, have_root, profile_dir, skip, wait_limited};
 
+/// `test-support/rdma-core-suite.sh`: rdma-core's suite as it is counted
+/// for kernel rxe and for rxe-emu alike.
+const SUITE_SH: &str = include_str!("../../../test-support/rdma-core-suite.sh");
+
 /// A Debian suite and what its root holds besides the base system.
 pub struct Suite {
     /// The suite's name (`trixie`, `sid`), for mmdebstrap and the cache.
@@ -51,7 +55,9 @@ pub fn root(suite: &Suite) -> Option<PathBuf> {
             .fold(0x811c9dc5u32, |h, b| (h ^ b as u32)
                 .wrapping_mul(0x0100_0193))
     ));
-    if dir.join("usr/bin/ib_write_bw").exists() {
+    // Written once mmdebstrap has succeeded: a root without it is partial.
+    let done = dir.join(".rxe-emu-root-complete");
+    if done.exists() {
         return Some(dir);
     }
     let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
@@ -81,16 +87,18 @@ pub fn root(suite: &Suite) -> Option<PathBuf> {
         );
         return None;
     }
+    std::fs::write(tmp.join(".rxe-emu-root-complete"), suite.packages).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).unwrap();
     Some(dir)
 }
 
-/// Every script starts `rxe0` in the root (as `$X start`), and stops it
+/// Every script starts `rxe0` in the root (as `$X start`), on 127.0.0.1,
+/// the address of `lo` in the script's network namespace, and stops it
 /// however the script ends.
 pub const START_RXE0: &str = "export RXE_EMU_SOCKET=/tmp/s/sock
     X=/opt/rxe-emu/rxe-emu
-    $X start --device rxe0=127.0.215.1 >/dev/null
+    $X start --device rxe0=127.0.0.1 >/dev/null
     trap '$X stop >/dev/null 2>&1' EXIT
 ";
 
@@ -106,21 +114,33 @@ pub fn assert_built() {
 }
 
 /// Run `script` (bash) in the root, after [`START_RXE0`], with this build
-/// at /opt/rxe-emu, a fresh /tmp, /proc and /dev, in a mount namespace of
-/// its own (nothing stays mounted). Returns exit success and output.
+/// at /opt/rxe-emu, a fresh /tmp, /proc, /sys and /dev, the machine's
+/// /etc/hosts (a root from mmdebstrap has none, and libfabric resolves the
+/// host's name), in a mount namespace and a network namespace of its own
+/// (`lo` up; nothing stays mounted, no port or link is shared with the
+/// machine). Returns exit success and output.
 pub fn in_root(root: &Path, script: &str, limit: Duration) -> (bool, String) {
     let build = profile_dir();
     let setup = format!(
-        "set -e; mount --make-rprivate /; R='{r}'
+        "set -e; ip link set lo up; mount --make-rprivate /; R='{r}'
          mount -t proc proc \"$R/proc\"; mount --bind /dev \"$R/dev\"
+         mount -t sysfs sysfs \"$R/sys\"
          mount -t tmpfs tmpfs \"$R/tmp\"; mkdir -p \"$R/opt/rxe-emu\"
          mount --bind -o ro '{b}' \"$R/opt/rxe-emu\"
+         touch \"$R/etc/hosts\"; mount --bind -o ro /etc/hosts \"$R/etc/hosts\"
          exec chroot \"$R\" /bin/bash -c \"$0\"",
         r = root.display(),
         b = build.display()
     );
     let child = Command::new("unshare")
-        .args(["-m", "bash", "-c", &setup, &format!("{START_RXE0}{script}")])
+        .args([
+            "-m",
+            "-n",
+            "bash",
+            "-c",
+            &setup,
+            &format!("{START_RXE0}{script}"),
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -149,6 +169,62 @@ pub struct SuiteRun {
 }
 
 impl SuiteRun {
+    /// The ids (`tests.test_cq.CQTest.test_resize_cq`) of the tests that
+    /// passed: unittest -v prints "name (id) ... ok", or the result on the
+    /// docstring's line after it (as `conformance-tests/run --anchor`
+    /// reads the kernel's runs).
+    pub fn passed_ids(&self) -> std::collections::BTreeSet<String> {
+        let mut ids = std::collections::BTreeSet::new();
+        let mut cur: Option<&str> = None;
+        let body = self.log.split("\nRan ").next().unwrap_or("");
+        for l in body.lines() {
+            if let Some(rest) = l.strip_prefix("test") {
+                if let Some(id) = rest
+                    .split_once(" (tests.")
+                    .and_then(|(_, r)| r.split_once(')'))
+                    .map(|(id, _)| id)
+                {
+                    cur = Some(id);
+                }
+            }
+            if let Some(id) = cur {
+                if l.ends_with("... ok") || l == "ok" {
+                    ids.insert(format!("tests.{id}"));
+                    cur = None;
+                }
+            }
+        }
+        ids
+    }
+
+    /// Every test that passed on kernel rxe under the same suite (`anchor`:
+    /// a list of `conformance-tests/anchor/`, written by
+    /// `conformance-tests/run --anchor`; `#` lines are comments) passed
+    /// here too.
+    pub fn assert_passes_what_the_kernel_passes(&self, kernel: &str, anchor: &str) {
+        let ours = self.passed_ids();
+        let theirs: Vec<&str> = anchor
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert!(
+            theirs.len() > 50,
+            "the anchor list of {kernel} is too short"
+        );
+        let missing: Vec<&&str> = theirs.iter().filter(|t| !ours.contains(**t)).collect();
+        assert!(
+            missing.is_empty(),
+            "passed on kernel rxe {kernel}, not on rxe-emu: {missing:#?}\n{}",
+            self.log
+        );
+        eprintln!(
+            "kernel rxe {kernel} passed {}; rxe-emu passed all of them and {} more",
+            theirs.len(),
+            ours.len() - theirs.len()
+        );
+    }
+
     /// Print the counts, then: no failure, no error, the suite ran to its
     /// end with at least `min_ran` tests, and at least `min_passed` passed.
     pub fn assert_clean(&self, suite: &str, min_ran: usize, min_passed: usize) {
@@ -183,61 +259,18 @@ impl SuiteRun {
 /// exec`, as its users run it: in a network namespace of its own where
 /// rxe0 is on `lo`'s only address, 127.0.0.1 (the suite takes a port's
 /// netdev from `rdma link show -j`, which rxe-emu answers, and then that
-/// netdev's first address). Counted with a `gc.collect()` after every
-/// test: rdma-core 56's stock runner segfaults in pyverbs' garbage
-/// collection on devices without RAW_PACKET QPs, kernel rxe's included
-/// (its own figures were counted the same way). Multiprocessing starts
-/// its children with `fork`, the default the suite was written for
-/// (Python 3.14's forkserver cannot pickle pyverbs objects).
+/// netdev's first address). Run and counted by
+/// `test-support/rdma-core-suite.sh`, the script that counts kernel rxe's
+/// figures in its guests (`conformance-tests/run --anchor`).
 pub fn rdma_core_suite(root: &Path) -> SuiteRun {
-    let build = profile_dir();
-    let setup = format!(
-        "set -e; ip link set lo up; mount --make-rprivate /; R='{r}'
-         mount -t proc proc \"$R/proc\"; mount --bind /dev \"$R/dev\"
-         mount -t sysfs sysfs \"$R/sys\"
-         mount -t tmpfs tmpfs \"$R/tmp\"; mkdir -p \"$R/opt/rxe-emu\"
-         mount --bind -o ro '{b}' \"$R/opt/rxe-emu\"
-         exec chroot \"$R\" /bin/bash -c \"$0\"",
-        r = root.display(),
-        b = build.display()
+    let script = format!(
+        "cat >/tmp/rdma-core-suite.sh <<'RXE_SUITE_EOF'
+{SUITE_SH}RXE_SUITE_EOF
+        sh /tmp/rdma-core-suite.sh rxe0 $X exec --
+    "
     );
-    let script = r#"export RXE_EMU_SOCKET=/tmp/s/sock
-        X=/opt/rxe-emu/rxe-emu
-        $X start --device rxe0=127.0.0.1 >/dev/null
-        trap '$X stop >/dev/null 2>&1' EXIT
-        mkdir /tmp/suite && cp -r /usr/share/doc/rdma-core/tests /tmp/suite/
-        cd /tmp/suite && find . -name '*.gz' -exec gunzip -f {} +
-        cat >gcrun.py <<'PY'
-import gc, multiprocessing, os, runpy, sys, unittest
-# Python 3.14 (sid) starts multiprocessing children with forkserver, which
-# pickles the test case, and pyverbs objects cannot be pickled
-# (test_multi_process_alloc_dm); fork is what the suite was written for.
-multiprocessing.set_start_method('fork')
-stop = unittest.TestResult.stopTest
-def stop_and_collect(self, test):
-    gc.collect()
-    stop(self, test)
-unittest.TestResult.stopTest = stop_and_collect
-sys.argv[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'run_tests.py')
-runpy.run_path(sys.argv[0], run_name='__main__')
-PY
-        cp gcrun.py tests/gcrun.py
-        $X exec -- timeout 1200 python3 tests/gcrun.py --dev rxe0 -v 2>&1
-        echo "SUITE-EXIT $?"
-    "#;
-    let child = Command::new("unshare")
-        .args(["-m", "-n", "bash", "-c", &setup, script])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (out, timed_out) = wait_limited(child, Duration::from_secs(1500));
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!timed_out, "rdma-core's suite hung:\n{log}");
+    let (_, log) = in_root(root, &script, Duration::from_secs(1500));
+    assert!(log.contains("SUITE-EXIT"), "rdma-core's suite hung:\n{log}");
     let results = super::unittest_results(&log);
     let passed = results
         .iter()
@@ -314,7 +347,7 @@ pub fn perftest_pairs(root: &Path, pairs: &[&str]) {
             $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 >/tmp/srv.txt 2>&1 &
             s=$!
             sleep $try
-            $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 127.0.215.1 >/tmp/cli.txt 2>&1
+            $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 127.0.0.1 >/tmp/cli.txt 2>&1
             c=$?
             wait $s
             r=$?
