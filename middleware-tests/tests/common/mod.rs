@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 #[path = "../../../libibverbs/tests/common/mod.rs"]
 mod dropin;
 #[allow(unused_imports)]
+pub use dropin::debian;
+#[allow(unused_imports)]
 pub use dropin::{
     have_file, have_program, have_root, listening, listening_in, profile_dir, required,
     scratch_dir, serial, skip, wait_limited,
