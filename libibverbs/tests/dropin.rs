@@ -172,23 +172,25 @@ fn perftest_bandwidth_and_latency_on_rc_and_ud() {
     assert!(all.contains("8388608"), "{all}");
 }
 
+/// `rxe-emu --socket SOCKET ARGS...` as a user runs it, with its output.
+fn rxe_emu(socket: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::profile_dir().join("rxe-emu"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn rxe_emu_exec_starts_the_daemon_and_runs_an_unmodified_program_on_rxe0() {
     if !have_program("ibv_devinfo", "ibverbs-utils") {
         return;
     }
     let _s = serial();
-    let cli = common::profile_dir().join("rxe-emu");
     let socket = common::scratch_dir("exec").join("rxe-emud.sock");
-    let run = |args: &[&str]| {
-        std::process::Command::new(&cli)
-            .arg("--socket")
-            .arg(&socket)
-            .args(args)
-            .env_remove("LD_LIBRARY_PATH")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| rxe_emu(&socket, args);
     let out = run(&[
         "exec",
         "--device",
@@ -291,15 +293,7 @@ fn rxe_emu_exec_answers_rdma_netlink_for_iproute2s_rdma() {
     let _s = serial();
     let cli = common::profile_dir().join("rxe-emu");
     let socket = common::scratch_dir("exec-netlink").join("rxe-emud.sock");
-    let run = |args: &[&str]| {
-        std::process::Command::new(&cli)
-            .arg("--socket")
-            .arg(&socket)
-            .args(args)
-            .env_remove("LD_LIBRARY_PATH")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| rxe_emu(&socket, args);
     // The daemon keeps what it inherits open: no pipes for `start`.
     let start = std::process::Command::new(&cli)
         .arg("--socket")
@@ -374,18 +368,9 @@ fn rxe_emu_exec_answers_rdma_netlink_for_iproute2s_rdma() {
 #[test]
 fn rxe_emu_exec_shows_the_device_and_its_netdev_in_sysfs() {
     let _s = serial();
-    let cli = common::profile_dir().join("rxe-emu");
     let socket = common::scratch_dir("exec-sysfs").join("rxe-emud.sock");
     let had_rxe0 = std::path::Path::new("/sys/class/infiniband/rxe0").exists();
-    let run = |args: &[&str]| {
-        std::process::Command::new(&cli)
-            .arg("--socket")
-            .arg(&socket)
-            .args(args)
-            .env_remove("LD_LIBRARY_PATH")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| rxe_emu(&socket, args);
     let out = run(&[
         "exec",
         "--device",

@@ -32,11 +32,21 @@ const TRIXIE_MIDDLEWARE: Suite = Suite {
 };
 
 /// Shell helpers every script here starts with: `wait_port P` waits (10 s
-/// at most) until something listens on TCP port P; `veth` puts rxe0 on a
+/// at most) until something listens on TCP port P; `pair P SERVER CLIENT`
+/// starts the command line SERVER, waits for port P, runs CLIENT, and
+/// leaves their exit codes in `$r` and `$c` and their output in
+/// /tmp/srv.txt and /tmp/cli.txt; `veth` puts rxe0 on a
 /// veth interface (10.89.0.1/24, peer 10.89.0.2), as libfabric's verbs
 /// provider wants (it skips loopback interfaces, like kernel rxe).
 const HELPERS: &str = r#"
     wait_port() { for _ in $(seq 100); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.1; done; return 1; }
+    pair() {
+      eval "$2" >/tmp/srv.txt 2>&1 &
+      local s=$!
+      wait_port "$1"
+      eval "$3" >/tmp/cli.txt 2>&1; c=$?
+      wait $s; r=$?
+    }
     veth() {
       ip link add va type veth peer name vb
       ip addr add 10.89.0.1/24 dev va; ip addr add 10.89.0.2/24 dev vb
@@ -89,11 +99,8 @@ fn ucx_1_18_on_rxe0() {
     while IFS='|' read -r tls args; do
       [ -n "$tls" ] || continue
       port=$((port + 1))
-      UCX_TLS=$tls $X exec -- timeout 90 ucx_perftest -P 0 -p $port $args >/tmp/srv.txt 2>&1 &
-      s=$!
-      wait_port $port
-      UCX_TLS=$tls $X exec -- timeout 90 ucx_perftest -P 0 -p $port $args 127.0.0.1 >/tmp/cli.txt 2>&1
-      c=$?; wait $s; r=$?
+      pair $port "UCX_TLS=$tls \$X exec -- timeout 90 ucx_perftest -P 0 -p $port $args" \
+        "UCX_TLS=$tls \$X exec -- timeout 90 ucx_perftest -P 0 -p $port $args 127.0.0.1"
       if [ $c = 0 ] && [ $r = 0 ] && grep -q '^Final:' /tmp/cli.txt; then
         echo "PASS ucx_perftest $tls $args: $(grep '^Final:' /tmp/cli.txt)"
       else
@@ -117,11 +124,8 @@ CASES
     done
     for mode in -b -w -f; do
       port=$((port + 1))
-      $X exec -- timeout 60 /tmp/ucp_hello_world $mode -p $port >/tmp/srv.txt 2>&1 &
-      s=$!
-      wait_port $port
-      $X exec -- timeout 60 /tmp/ucp_hello_world $mode -p $port -n 127.0.0.1 >/tmp/cli.txt 2>&1
-      c=$?; wait $s; r=$?
+      pair $port "\$X exec -- timeout 60 /tmp/ucp_hello_world $mode -p $port" \
+        "\$X exec -- timeout 60 /tmp/ucp_hello_world $mode -p $port -n 127.0.0.1"
       if [ $c = 0 ] && [ $r = 0 ] && grep -q "UCP TEST SUCCESS" /tmp/cli.txt; then
         echo "PASS ucp_hello_world $mode"
       else
@@ -195,11 +199,8 @@ fn libfabric_2_1_on_rxe0() {
     for ep in msg:6m rdm:6m dgram:1k; do
       port=$((port + 1))
       last=${ep#*:}; ep=${ep%:*}
-      $X exec -- timeout 120 fi_pingpong -p verbs -e $ep -I 10 -S all -c -B $port >/tmp/srv.txt 2>&1 &
-      s=$!
-      wait_port $port
-      $X exec -- timeout 120 fi_pingpong -p verbs -e $ep -I 10 -S all -c -P $port 10.89.0.1 >/tmp/cli.txt 2>&1
-      c=$?; wait $s; r=$?
+      pair $port "\$X exec -- timeout 120 fi_pingpong -p verbs -e $ep -I 10 -S all -c -B $port" \
+        "\$X exec -- timeout 120 fi_pingpong -p verbs -e $ep -I 10 -S all -c -P $port 10.89.0.1"
       if [ $c = 0 ] && [ $r = 0 ] && grep -q "^$last " /tmp/cli.txt; then
         echo "PASS fi_pingpong $ep: $(grep "^$last " /tmp/cli.txt)"
       else

@@ -169,62 +169,6 @@ pub struct SuiteRun {
 }
 
 impl SuiteRun {
-    /// The ids (`tests.test_cq.CQTest.test_resize_cq`) of the tests that
-    /// passed: unittest -v prints "name (id) ... ok", or the result on the
-    /// docstring's line after it (as `conformance-tests/run --anchor`
-    /// reads the kernel's runs).
-    pub fn passed_ids(&self) -> std::collections::BTreeSet<String> {
-        let mut ids = std::collections::BTreeSet::new();
-        let mut cur: Option<&str> = None;
-        let body = self.log.split("\nRan ").next().unwrap_or("");
-        for l in body.lines() {
-            if let Some(rest) = l.strip_prefix("test") {
-                if let Some(id) = rest
-                    .split_once(" (tests.")
-                    .and_then(|(_, r)| r.split_once(')'))
-                    .map(|(id, _)| id)
-                {
-                    cur = Some(id);
-                }
-            }
-            if let Some(id) = cur {
-                if l.ends_with("... ok") || l == "ok" {
-                    ids.insert(format!("tests.{id}"));
-                    cur = None;
-                }
-            }
-        }
-        ids
-    }
-
-    /// Every test that passed on kernel rxe under the same suite (`anchor`:
-    /// a list of `conformance-tests/anchor/`, written by
-    /// `conformance-tests/run --anchor`; `#` lines are comments) passed
-    /// here too.
-    pub fn assert_passes_what_the_kernel_passes(&self, kernel: &str, anchor: &str) {
-        let ours = self.passed_ids();
-        let theirs: Vec<&str> = anchor
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .collect();
-        assert!(
-            theirs.len() > 50,
-            "the anchor list of {kernel} is too short"
-        );
-        let missing: Vec<&&str> = theirs.iter().filter(|t| !ours.contains(**t)).collect();
-        assert!(
-            missing.is_empty(),
-            "passed on kernel rxe {kernel}, not on rxe-emu: {missing:#?}\n{}",
-            self.log
-        );
-        eprintln!(
-            "kernel rxe {kernel} passed {}; rxe-emu passed all of them and {} more",
-            theirs.len(),
-            ours.len() - theirs.len()
-        );
-    }
-
     /// Print the counts, then: no failure, no error, the suite ran to its
     /// end with at least `min_ran` tests, and at least `min_passed` passed.
     pub fn assert_clean(&self, suite: &str, min_ran: usize, min_passed: usize) {
@@ -252,6 +196,62 @@ impl SuiteRun {
             r.log
         );
     }
+}
+
+/// The ids (`tests.test_cq.CQTest.test_resize_cq`) of the tests that
+/// passed: unittest -v prints "name (id) ... ok", or the result on the
+/// docstring's line after it (as `conformance-tests/run --anchor`
+/// reads the kernel's runs).
+pub fn passed_ids(log: &str) -> std::collections::BTreeSet<String> {
+    let mut ids = std::collections::BTreeSet::new();
+    let mut cur: Option<&str> = None;
+    let body = log.split("\nRan ").next().unwrap_or("");
+    for l in body.lines() {
+        if let Some(rest) = l.strip_prefix("test") {
+            if let Some(id) = rest
+                .split_once(" (tests.")
+                .and_then(|(_, r)| r.split_once(')'))
+                .map(|(id, _)| id)
+            {
+                cur = Some(id);
+            }
+        }
+        if let Some(id) = cur {
+            if l.ends_with("... ok") || l == "ok" {
+                ids.insert(format!("tests.{id}"));
+                cur = None;
+            }
+        }
+    }
+    ids
+}
+
+/// Every test that passed on kernel rxe under the same suite (`anchor`:
+/// a list of `conformance-tests/anchor/`, written by
+/// `conformance-tests/run --anchor`; `#` lines are comments) passed
+/// here too (`log`: the suite's verbose output).
+pub fn assert_passes_what_the_kernel_passes(log: &str, kernel: &str, anchor: &str) {
+    let ours = passed_ids(log);
+    let theirs: Vec<&str> = anchor
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(
+        theirs.len() > 50,
+        "the anchor list of {kernel} is too short"
+    );
+    let missing: Vec<&&str> = theirs.iter().filter(|t| !ours.contains(**t)).collect();
+    assert!(
+        missing.is_empty(),
+        "passed on kernel rxe {kernel}, not on rxe-emu: {missing:#?}\n{}",
+        log
+    );
+    eprintln!(
+        "kernel rxe {kernel} passed {}; rxe-emu passed all of them and {} more",
+        theirs.len(),
+        ours.len() - theirs.len()
+    );
 }
 
 /// rdma-core's own test suite of the root's `python3-pyverbs` (shipped in
