@@ -27,7 +27,8 @@
 //!
 //! Layout (all offsets in bytes, all words little-endian atomics):
 //! - page 0: magic (0), rings (8), ring size (16); `closed` (u32, 64);
-//!   `sleeping` (u32, 128: 0 awake, 1 asleep, 2 asleep and kicked);
+//!   `sleeping` (u32, 128: 0 awake, 1 asleep, 2 asleep and kicked, 3
+//!   awake but its application stopped polling: kick it too);
 //!   `active` (u64, 192: bit `s` set once ring `s` was written);
 //! - from page 1: one 256-byte control block per ring: `tail` (u64, 0,
 //!   written by the producer) and `head` (u64, 128, by the consumer), both
@@ -68,6 +69,8 @@ const WRAP: u32 = u32::MAX;
 const AWAKE: u32 = 0;
 const ASLEEP: u32 = 1;
 const KICKED: u32 = 2;
+/// Set by the consumer's application thread ([`Inbox::kick_me`]).
+const LEFT: u32 = 3;
 
 /// Where things are in an inbox of `rings` rings of `ring_size` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,12 +318,14 @@ impl Inbox {
         Ok(())
     }
 
-    /// Producer: wake the consumer if it sleeps (one eventfd write per
-    /// sleep, however many senders kick).
+    /// Producer: wake the consumer if it sleeps, or if its application
+    /// stopped polling ([`Inbox::kick_me`]): one eventfd write per sleep,
+    /// however many senders kick.
     pub fn kick(&self) {
         let sleeping = self.map.u32_at(OFF_SLEEPING);
         if sleeping
             .compare_exchange(ASLEEP, KICKED, SeqCst, SeqCst)
+            .or_else(|_| sleeping.compare_exchange(LEFT, KICKED, SeqCst, SeqCst))
             .is_ok()
         {
             let _ = (&self.event).write(&1u64.to_ne_bytes());
@@ -427,6 +432,29 @@ impl Inbox {
             return false;
         }
         true
+    }
+
+    /// Consumer's application thread: it may stop polling now, so
+    /// producers should kick from here on although the consumer's
+    /// progress thread is not asleep (it watches [`Inbox::event_fd`]
+    /// meanwhile). Leaves a sleeping consumer's state alone. Returns false
+    /// if a datagram is already waiting (it drew no kick): then wake the
+    /// progress thread another way.
+    pub fn kick_me(&self) -> bool {
+        let sleeping = self.map.u32_at(OFF_SLEEPING);
+        let _ = sleeping.compare_exchange(AWAKE, LEFT, SeqCst, SeqCst);
+        !self.has_data()
+    }
+
+    /// Consumer's application thread: it polls (or posts) again, so
+    /// producers need not kick: undoes [`Inbox::kick_me`], and leaves a
+    /// sleeping consumer's state alone. One shared-memory load when there
+    /// is nothing to undo.
+    pub fn polling_again(&self) {
+        let sleeping = self.map.u32_at(OFF_SLEEPING);
+        if sleeping.load(Relaxed) == LEFT {
+            let _ = sleeping.compare_exchange(LEFT, AWAKE, SeqCst, SeqCst);
+        }
     }
 
     /// Consumer, done waiting: producers stop kicking. The eventfd is

@@ -190,6 +190,40 @@ fn a_sleeping_consumer_is_kicked_once_and_an_awake_one_never() {
 }
 
 #[test]
+fn an_application_that_stops_polling_is_kicked_until_it_polls_again() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut ev = std::fs::File::from(f.eventfd().try_clone_to_owned().unwrap());
+    let mut b = [0u8; 8];
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    // It said it may stop polling: the next datagram kicks, once.
+    assert!(rx.kick_me(), "nothing waiting");
+    tx.push(1, 1, 0, b"a").unwrap();
+    tx.kick();
+    tx.kick();
+    assert_eq!(ev.read(&mut b).unwrap(), 8);
+    assert_eq!(u64::from_ne_bytes(b), 1, "one kick");
+    rx.sleep_end();
+    // A datagram already waiting drew no kick: kick_me says so.
+    assert!(!rx.kick_me(), "a datagram is waiting");
+    assert!(rx.pop(&mut buf).is_some());
+    // It polls again: no kicks.
+    rx.polling_again();
+    tx.push(1, 1, 0, b"b").unwrap();
+    tx.kick();
+    assert!(ev.read(&mut b).is_err(), "polling: no kick");
+    assert!(rx.pop(&mut buf).is_some());
+    // Neither touches a sleeping consumer's state: it is kicked.
+    assert!(rx.sleep_begin());
+    assert!(rx.kick_me());
+    rx.polling_again();
+    tx.push(1, 1, 0, b"c").unwrap();
+    tx.kick();
+    assert_eq!(ev.read(&mut b).unwrap(), 8, "asleep: kicked");
+    rx.sleep_end();
+}
+
+#[test]
 fn two_threads_move_a_million_bytes_with_kicks_and_lose_nothing() {
     let f = InboxFile::create("t", 3, RING).unwrap();
     let (tx, rx) = (open(&f), open(&f));

@@ -194,9 +194,16 @@ impl DeviceConfig {
 
 /// How long after an application's last `poll` the progress thread keeps
 /// off the socket and the core. Arming a CQ (`req_notify`) ends it at
-/// once; an application that stops polling without arming leaves incoming
-/// packets and timers waiting at most this long.
-const APP_POLL_GRACE: Duration = Duration::from_micros(50);
+/// once, and so does a poll after which the application may stop polling
+/// (see [`Inner::note_app_poll`]); an application that stops polling
+/// without either leaves incoming packets and timers waiting at most this
+/// long. 1 ms, not 50 µs: in the TCG guest an application's polls are
+/// often more than 50 µs apart (its vCPU is preempted, or a poll takes
+/// that long), and each time the progress thread took over, every post
+/// and every datagram from then on woke it, on a CPU the applications
+/// spin on: ib_send_lat typical 43-66 µs with 50 µs, 28-35 µs with 1 ms
+/// (interleaved runs in one guest, 2026-11-26); no change on the host.
+const APP_POLL_GRACE: Duration = Duration::from_millis(1);
 /// The longest the progress thread sleeps while an application keeps
 /// polling: it looks after each grace period at first, then ever less
 /// often, so a long busy-poll is not preempted 20 000 times a second.
@@ -986,6 +993,11 @@ impl Inner {
     pub(crate) fn note_app_post(&self) {
         self.last_app_post
             .store(self.now().as_nanos().max(1), Ordering::Relaxed);
+        // It will poll for what it posted, most likely: senders need not
+        // kick the progress thread (see `note_app_poll`).
+        if let Some(l) = &self.local {
+            l.own.polling_again();
+        }
     }
 
     /// Before sleeping: keep looking at the inbox for [`INBOX_SPIN`] after
@@ -1195,10 +1207,32 @@ impl Inner {
     /// ib_read_lat 34 µs before, 6.5-7 µs after; ib_send_lat unchanged
     /// (4.6-4.9 µs):
     /// its completions belong to a QP with receives posted, so no wake.
+    ///
+    /// With an inbox, the thread is not woken: the inbox asks senders to
+    /// kick it ([`local_link::Inbox::kick_me`]) and the thread, sleeping
+    /// off the socket, watches the kick. A datagram then wakes it, and an
+    /// application that posts or polls again first (ib_read_lat's next
+    /// step is its next READ) costs no wake at all: in the TCG guest,
+    /// where a wake is about 100 µs of a CPU the applications spin on,
+    /// ib_read_lat went from 41-64 µs typical (avg 124-148) to 33-36
+    /// (avg 53-75) in interleaved runs (2026-11-26).
     pub(crate) fn note_app_poll(&self, may_leave: bool) {
         self.last_app_poll
             .store(self.now().as_nanos().max(1), Ordering::SeqCst);
         let was_left = self.app_left.swap(may_leave, Ordering::SeqCst);
+        if let Some(l) = &self.local {
+            if may_leave && !was_left && !l.own.kick_me() {
+                // A datagram came before the inbox asked for kicks.
+                self.wake();
+            } else if !may_leave && was_left {
+                l.own.polling_again();
+            }
+            // A datagram by UDP (a peer on another device) still needs
+            // the thread on the socket: wake it if it sleeps off it.
+            if !(may_leave && !was_left && self.udp_in_use()) {
+                return;
+            }
+        }
         if may_leave && !was_left && self.spin_sleeping.load(Ordering::SeqCst) {
             self.wake();
         }
@@ -1485,15 +1519,27 @@ impl Inner {
                     } else {
                         wait
                     };
-                    let fds = self.watched(false);
+                    let mut fds = self.watched(false);
+                    // Kicks, once the application may have stopped
+                    // polling (`note_app_poll`); none come before.
+                    let kick = self.local.as_ref().map(|l| l.own.event_fd());
+                    fds.extend(kick);
                     let ready = crate::sys::wait_readable_which(&fds, Some(wait));
+                    let is_ready = |fd: std::os::fd::RawFd| {
+                        fds.iter()
+                            .enumerate()
+                            .any(|(i, f)| *f == fd && ready & 1 << i != 0)
+                    };
+                    if let (Some(fd), Some(l)) = (kick, &self.local) {
+                        if is_ready(fd) {
+                            l.own.sleep_end();
+                            woken = true;
+                        }
+                    }
                     // A UDP datagram the polling application leaves to us
                     // (it reads only its inbox). Nothing else here takes
                     // the engine lock from the application.
-                    woken = fds
-                        .iter()
-                        .enumerate()
-                        .any(|(i, fd)| *fd == self.socket.as_raw_fd() && ready & 1 << i != 0);
+                    woken |= is_ready(self.socket.as_raw_fd());
                 }
                 self.spin_sleeping.store(false, Ordering::SeqCst);
                 if woken {
