@@ -323,10 +323,15 @@ impl Inbox {
     /// however many senders kick.
     pub fn kick(&self) {
         let sleeping = self.map.u32_at(OFF_SLEEPING);
-        if sleeping
-            .compare_exchange(ASLEEP, KICKED, SeqCst, SeqCst)
-            .or_else(|_| sleeping.compare_exchange(LEFT, KICKED, SeqCst, SeqCst))
-            .is_ok()
+        // A plain load first: a compare-and-swap on every push would take
+        // the word's cache line from the consumer, who reads it at every
+        // post. SeqCst pairs with `sleep_begin`: either this load sees
+        // ASLEEP or the consumer sees the datagram just published.
+        let now = sleeping.load(SeqCst);
+        if (now == ASLEEP || now == LEFT)
+            && sleeping
+                .compare_exchange(now, KICKED, SeqCst, SeqCst)
+                .is_ok()
         {
             let _ = (&self.event).write(&1u64.to_ne_bytes());
         }
