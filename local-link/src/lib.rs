@@ -320,8 +320,9 @@ impl Inbox {
 
     /// Producer: wake the consumer if it sleeps, or if its application
     /// stopped polling ([`Inbox::kick_me`]): one eventfd write per sleep,
-    /// however many senders kick.
-    pub fn kick(&self) {
+    /// however many senders kick. Returns whether this call wrote it (it
+    /// will wake the consumer's thread).
+    pub fn kick(&self) -> bool {
         let sleeping = self.map.u32_at(OFF_SLEEPING);
         // A plain load first: a compare-and-swap on every push would take
         // the word's cache line from the consumer, who reads it at every
@@ -334,7 +335,9 @@ impl Inbox {
                 .is_ok()
         {
             let _ = (&self.event).write(&1u64.to_ne_bytes());
+            return true;
         }
+        false
     }
 
     /// Consumer: take the next datagram into `buf` (at least

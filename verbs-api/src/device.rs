@@ -333,6 +333,15 @@ pub(crate) struct Inner {
     /// `rxe-emu stat`'s `sent_inbox_pkts` and `sent_udp_pkts`.
     sent_inbox: std::sync::atomic::AtomicU64,
     sent_udp: std::sync::atomic::AtomicU64,
+    /// What woke the progress thread, for `rxe-emu stat`: its waits that
+    /// something ended before their time (`progress_wakeups`: a kick of
+    /// the inbox, a datagram, the wake pipe or the daemon), and this
+    /// process's own requests through the wake pipe (`wake_requests`: a
+    /// post that armed an earlier timer, a CQ armed to sleep, held
+    /// responses). Each costs a context switch; in a small VM, tens of
+    /// microseconds of a CPU (`docs/performance.md`).
+    progress_wakeups: std::sync::atomic::AtomicU64,
+    wake_requests: std::sync::atomic::AtomicU64,
     /// The data socket reports each datagram's TOS (`IP_RECVTOS` /
     /// `IPV6_RECVTCLASS`), so the engine sees its ECN codepoint: on a
     /// ConnectX-like device only; a kernel-rxe-like one ignores marks and
@@ -560,6 +569,7 @@ impl Inner {
     }
 
     fn wake(&self) {
+        self.wake_requests.fetch_add(1, Ordering::Relaxed);
         let _ = self.wake_tx.send(&[1]);
     }
 
@@ -1342,6 +1352,14 @@ impl Inner {
                     self.fault_ce.load(Ordering::Relaxed),
                     self.fault_queue_drops.load(Ordering::Relaxed)
                 );
+                // Who woke whom: this process's progress thread, and its
+                // kicks to the device's processes (itself included).
+                l += &format!(
+                    " progress_wakeups={} wake_requests={} inbox_kicks={}",
+                    self.progress_wakeups.load(Ordering::Relaxed),
+                    self.wake_requests.load(Ordering::Relaxed),
+                    self.local.as_ref().map_or(0, |l| l.kicks())
+                );
                 out.push(l);
                 for q in e.qp_summaries() {
                     let mut l = format!("qp={:#x} type={:?}", q.qpn, q.qp_type);
@@ -1525,6 +1543,9 @@ impl Inner {
                     let kick = self.local.as_ref().map(|l| l.own.event_fd());
                     fds.extend(kick);
                     let ready = crate::sys::wait_readable_which(&fds, Some(wait));
+                    if ready != 0 {
+                        self.progress_wakeups.fetch_add(1, Ordering::Relaxed);
+                    }
                     let is_ready = |fd: std::os::fd::RawFd| {
                         fds.iter()
                             .enumerate()
@@ -1602,8 +1623,11 @@ impl Inner {
                 continue;
             }
             let inbox_quiet = self.local.as_ref().is_none_or(|l| l.own.sleep_begin());
-            if inbox_quiet && self.lock().poll_timeout().is_none_or(|d| d >= now + wait) {
-                crate::sys::wait_readable(&self.watched(true), Some(wait));
+            if inbox_quiet
+                && self.lock().poll_timeout().is_none_or(|d| d >= now + wait)
+                && crate::sys::wait_readable(&self.watched(true), Some(wait))
+            {
+                self.progress_wakeups.fetch_add(1, Ordering::Relaxed);
             }
             if let Some(l) = &self.local {
                 if inbox_quiet {
@@ -1801,6 +1825,8 @@ impl Device {
             last_app_post: std::sync::atomic::AtomicU64::new(0),
             sent_inbox: std::sync::atomic::AtomicU64::new(0),
             sent_udp: std::sync::atomic::AtomicU64::new(0),
+            progress_wakeups: std::sync::atomic::AtomicU64::new(0),
+            wake_requests: std::sync::atomic::AtomicU64::new(0),
             recv_tos,
             fault_ce: std::sync::atomic::AtomicU64::new(0),
             fault_queue_drops: std::sync::atomic::AtomicU64::new(0),

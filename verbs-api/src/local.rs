@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use local_link::{Inbox, PushError};
@@ -83,6 +83,9 @@ pub(crate) struct LocalLink {
     /// `pending.bytes > 0`, readable without the lock (the progress loop
     /// and every flush ask).
     any_pending: AtomicBool,
+    /// Kicks that woke another process's progress thread (or this one's):
+    /// `rxe-emu stat`'s `inbox_kicks`.
+    kicks: AtomicU64,
 }
 
 /// What one [`LocalLink::send`] did.
@@ -108,7 +111,13 @@ impl LocalLink {
             peers: Mutex::new(peers),
             pending: Mutex::new(Pending::default()),
             any_pending: AtomicBool::new(false),
+            kicks: AtomicU64::new(0),
         }
+    }
+
+    /// Kicks written so far (see [`LocalLink::kicks`]'s field).
+    pub(crate) fn kicks(&self) -> u64 {
+        self.kicks.load(Ordering::Relaxed)
     }
 
     /// The slot whose inbox `t` goes to, if it takes this path.
@@ -263,7 +272,9 @@ impl LocalLink {
             }
         }
         for i in pending.kick.drain(..) {
-            i.kick();
+            if i.kick() {
+                self.kicks.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.any_pending.store(pending.bytes > 0, Ordering::Release);
         out

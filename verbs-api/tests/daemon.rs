@@ -1209,7 +1209,9 @@ fn a_completion_channel_on_a_daemon_device_wakes_epoll() {
         b.cq.req_notify(false).unwrap();
         assert!(b.cq.poll(1).unwrap().is_empty());
         // B now sleeps in epoll; only its device's progress thread can
-        // receive A's SEND from the slot socket.
+        // receive A's SEND from the slot socket. Give that thread time to
+        // go to sleep too, so A's SEND has to kick it.
+        std::thread::sleep(Duration::from_millis(20));
         a.qp.post_send(SendWr::new(round, SendOp::Send, vec![smr.sge(0, 64)]))
             .unwrap();
         let n = epoll
@@ -1225,6 +1227,14 @@ fn a_completion_channel_on_a_daemon_device_wakes_epoll() {
         );
         assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
     }
+    // `rxe-emu stat` says who woke whom: A's SENDs kicked B's sleeping
+    // progress thread through its inbox, and each kick ended one of its
+    // waits.
+    let stat = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    let kicks = stat_value(&stat, "inbox_kicks");
+    assert!(kicks >= 1, "{stat}");
+    assert!(stat_value(&stat, "progress_wakeups") >= kicks, "{stat}");
+    stat_value(&stat, "wake_requests");
 }
 
 /// The IPv4-mapped GID of `ip`.
