@@ -115,7 +115,7 @@ impl LocalLink {
         }
     }
 
-    /// Kicks written so far (see [`LocalLink::kicks`]'s field).
+    /// Kicks so far that woke a sleeping thread (`inbox_kicks`).
     pub(crate) fn kicks(&self) -> u64 {
         self.kicks.load(Ordering::Relaxed)
     }
