@@ -1070,6 +1070,7 @@ pub(crate) fn notification_point<M>(
         payload,
         ecn: Ecn::NotEct,
         dscp,
+        fresh: false,
     });
     count!(ctx, qp, np_cnp_sent);
 }

@@ -182,6 +182,10 @@ pub struct Transmit {
     /// DSCP for the IP header (the TOS byte is `dscp << 2 | ecn`): 0,
     /// except on CNPs (`cnp_dscp`, 48 by default).
     pub dscp: u8,
+    /// The first transmission of a request packet: no packet with this
+    /// PSN left the QP before (retransmissions, responses, ACKs and CNPs
+    /// are not).
+    pub fresh: bool,
 }
 
 #[derive(Debug)]
@@ -209,6 +213,8 @@ pub(crate) struct Ctx<M> {
     pub events: VecDeque<AsyncEvent>,
     /// Explanations of QP state changes, kept only while tracing.
     pub notes: VecDeque<String>,
+    /// Times a QP entered ERR so far (a fault, or a modify).
+    pub qp_errors: u64,
     pub tracing: bool,
     pub notify: VecDeque<CqHandle>,
     pub counters: Counters,
@@ -386,6 +392,7 @@ impl<M: Memory> Engine<M> {
                 notify: VecDeque::new(),
                 read_ready: VecDeque::new(),
                 notes: VecDeque::new(),
+                qp_errors: 0,
                 tracing: false,
                 counters: Counters::default(),
                 cfg,
@@ -1483,6 +1490,36 @@ impl<M: Memory> Engine<M> {
         !q.sq.is_empty() || !q.rq.is_empty() || srq_wrs
     }
 
+    /// How many times a QP entered ERR (a fault of its requester or
+    /// responder, or `modify_qp`): a driver that publishes
+    /// [`Engine::write_target`] looks at its QPs again when this changes
+    /// (a fault may happen in any call).
+    pub fn qp_errors(&self) -> u64 {
+        self.ctx.qp_errors
+    }
+
+    /// The responder of RC QP `qpn`, if it would execute an RDMA WRITE
+    /// ONLY at its next expected PSN now, without anything before it: the
+    /// QP is in RTR or RTS, allows remote writes, and has no message, READ
+    /// reply or held request in progress. Returns its PD and that PSN. A
+    /// driver publishes this so that a sender on the same host may write
+    /// such a packet's payload into our memory itself (kernel rxe's
+    /// loopback does the responder's work in the sender's context); the
+    /// packet then still comes here and is checked as any other.
+    pub fn write_target(&self, qpn: u32) -> Option<(PdHandle, Psn)> {
+        let q = self.qps.get(&qpn)?;
+        let ready = q.qp_type == QpType::Rc
+            && matches!(q.state, QpState::Rtr | QpState::Rts)
+            && AccessFlags::from_bits_truncate(q.attr.qp_access_flags)
+                .contains(AccessFlags::REMOTE_WRITE)
+            && q.recv.is_none()
+            && q.write.is_none_or(|w| w.resid == 0)
+            && q.read_reply.is_none()
+            && q.deferred.is_empty()
+            && !q.drop_msg;
+        ready.then_some((q.pd, q.resp_psn))
+    }
+
     /// `ibv_query_qp`: current attributes and creation attributes.
     pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInitAttr)> {
         let q = self
@@ -1608,6 +1645,7 @@ impl<M: Memory> Engine<M> {
         }
         if mask.contains(QpAttrMask::SQ_PSN) {
             qp.req_psn = Psn::new(attr.sq_psn);
+            qp.fresh_psn = qp.req_psn;
             qp.comp_psn = qp.req_psn;
             qp.attr.sq_psn = attr.sq_psn;
         }

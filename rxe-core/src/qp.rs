@@ -173,6 +173,9 @@ pub(crate) struct Qp {
     pub req_idx: usize,
     /// Next PSN to send.
     pub req_psn: Psn,
+    /// The PSN after the last one ever sent since `sq_psn` was set: a
+    /// packet at or after it is a first transmission.
+    pub fresh_psn: Psn,
     /// Opcode of the last packet sent for the WQE in progress.
     pub req_opcode: Option<Opcode>,
     /// Packets sent since the last AckReq (kernel `noack_pkts`).
@@ -327,6 +330,7 @@ impl Qp {
             sq: VecDeque::new(),
             req_idx: 0,
             req_psn: Psn::new(0),
+            fresh_psn: Psn::new(0),
             req_opcode: None,
             noack_pkts: 0,
             comp_psn: Psn::new(0),

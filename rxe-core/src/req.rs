@@ -401,6 +401,12 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
     });
     if res.is_ok() {
         qp.counters.sent_pkts += 1;
+        if psn.is_after_or_eq(qp.fresh_psn) {
+            if let Some(t) = ctx.out.back_mut() {
+                t.fresh = true;
+            }
+            qp.fresh_psn = psn.add(npsn);
+        }
     }
     if let Err(e) = res {
         let why = match e {
@@ -556,6 +562,7 @@ pub(crate) fn enter_error<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, why: Option<
     }
     qp.state = QpState::Err;
     qp.attr.qp_state = Some(QpState::Err);
+    ctx.qp_errors += 1;
     qp.sq_draining = false;
     // The responder stops: no more READ responses, no waiting requests.
     qp.read_reply = None;

@@ -373,6 +373,31 @@ impl Network {
         &mut self.nodes[i]
     }
 
+    /// Everything node `from` has to send now, taken out of its engine
+    /// and not delivered: a test then delivers it ([`Network::deliver_now`])
+    /// in the order and at the moment it wants.
+    pub fn take_transmits(&mut self, from: usize) -> Vec<Transmit> {
+        std::iter::from_fn(|| self.nodes[from].poll_transmit()).collect()
+    }
+
+    /// Hand `ts` to node `to` at the current time, in order, none lost,
+    /// with the IPv4 ID and ECN the link would give them (0, Not-ECT).
+    pub fn deliver_now(&mut self, to: usize, ts: &[Transmit]) {
+        for t in ts {
+            let dg = RxDatagram {
+                src: t.info.src,
+                dst: t.info.dst,
+                src_port: t.info.src_port,
+                dst_port: t.info.dst_port,
+                ipv4_id: Some(0),
+                payload: &t.payload,
+                ecn: wire::Ecn::NotEct,
+            };
+            let now = self.now;
+            self.nodes[to].handle_datagram(now, &dg);
+        }
+    }
+
     /// All engines.
     pub fn nodes(&self) -> &[Engine<VecMemory>] {
         &self.nodes

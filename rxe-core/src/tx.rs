@@ -163,6 +163,7 @@ pub(crate) fn emit<M, E>(
         payload: buf,
         ecn,
         dscp: 0,
+        fresh: false,
     });
     Ok(())
 }

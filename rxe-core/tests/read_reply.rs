@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use rxe_core::mem::Memory;
 use rxe_core::sim::{node_config, ConnectOpts, LinkConfig, Network, QpEnd};
-use rxe_core::{
-    AccessFlags, QpState, QpType, RxDatagram, SendOp, SendWr, Sge, Transmit, WcOpcode, WcStatus,
-};
+use rxe_core::{AccessFlags, QpState, QpType, SendOp, SendWr, Sge, Transmit, WcOpcode, WcStatus};
 use wire::{Opcode, PacketRepr};
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -44,27 +42,6 @@ fn mr(
         .unwrap();
     let m = n.node(node).reg_mr(pd, addr, len as u64, ALL).unwrap();
     (addr, m.lkey, m.rkey)
-}
-
-/// Everything `from` has to send, taken at once.
-fn take(n: &mut Network, from: usize) -> Vec<Transmit> {
-    std::iter::from_fn(|| n.node(from).poll_transmit()).collect()
-}
-
-fn deliver(n: &mut Network, to: usize, ts: &[Transmit]) {
-    for t in ts {
-        let dg = RxDatagram {
-            src: t.info.src,
-            dst: t.info.dst,
-            src_port: t.info.src_port,
-            dst_port: t.info.dst_port,
-            ipv4_id: Some(0),
-            payload: &t.payload,
-            ecn: rxe_core::Ecn::NotEct,
-        };
-        let now = n.now();
-        n.node(to).handle_datagram(now, &dg);
-    }
 }
 
 fn opcode(t: &Transmit) -> Opcode {
@@ -107,11 +84,11 @@ fn a_later_write_waits_for_the_read_reply_before_it() {
     );
     n.node(0).post_send(now, a.qpn, read).unwrap();
     n.node(0).post_send(now, a.qpn, write).unwrap();
-    let requests = take(&mut n, 0);
+    let requests = n.take_transmits(0);
     assert_eq!(requests.len(), 1 + 16, "READ request and 16 WRITE packets");
     // The responder receives all of them before it sends anything.
-    deliver(&mut n, 1, &requests);
-    let out = take(&mut n, 1);
+    n.deliver_now(1, &requests);
+    let out = n.take_transmits(1);
     let ops: Vec<Opcode> = out.iter().map(opcode).collect();
     assert_eq!(ops.len(), 17, "16 READ responses and one ACK: {ops:?}");
     assert_eq!(ops[0], Opcode::RC_RDMA_READ_RESPONSE_FIRST);
@@ -126,7 +103,7 @@ fn a_later_write_waits_for_the_read_reply_before_it() {
     );
     // The READ saw x before the WRITE; x holds the WRITE afterwards.
     let mut got = vec![0u8; LEN];
-    deliver(&mut n, 0, &out);
+    n.deliver_now(0, &out);
     n.node(0).mem_mut().read(dst, &mut got).unwrap();
     assert!(got.iter().all(|&v| v == 0xaa), "READ returned later data");
     n.node(1).mem_mut().read(x, &mut got).unwrap();
@@ -161,15 +138,15 @@ fn the_first_response_is_built_before_the_rest() {
         }],
     );
     n.node(0).post_send(now, a.qpn, read).unwrap();
-    let req = take(&mut n, 0);
-    deliver(&mut n, 1, &req);
+    let req = n.take_transmits(0);
+    n.deliver_now(1, &req);
     // Nothing is built ahead of the driver's demand.
     assert_eq!(n.node(1).pending_transmits(), 0);
     assert!(n.node(1).has_transmit());
     let first = n.node(1).poll_transmit().unwrap();
     assert_eq!(opcode(&first), Opcode::RC_RDMA_READ_RESPONSE_FIRST);
     assert_eq!(n.node(1).pending_transmits(), 0);
-    assert_eq!(take(&mut n, 1).len(), 15);
+    assert_eq!(n.take_transmits(1).len(), 15);
     assert!(!n.node(1).has_transmit());
 }
 
@@ -192,12 +169,12 @@ fn deregistering_the_mr_mid_reply_stops_it_with_an_access_error() {
         }],
     );
     n.node(0).post_send(now, a.qpn, read).unwrap();
-    let req = take(&mut n, 0);
-    deliver(&mut n, 1, &req);
+    let req = n.take_transmits(0);
+    n.deliver_now(1, &req);
     let mut out: Vec<Transmit> = (0..3).map(|_| n.node(1).poll_transmit().unwrap()).collect();
     // The application deregisters the MR (and may free its memory).
     n.node(1).dereg_mr(x_lkey).unwrap();
-    out.extend(take(&mut n, 1));
+    out.extend(n.take_transmits(1));
     let ops: Vec<Opcode> = out.iter().map(opcode).collect();
     assert_eq!(
         ops,
@@ -215,7 +192,7 @@ fn deregistering_the_mr_mid_reply_stops_it_with_an_access_error() {
         PacketRepr::parse(&out[0].payload).unwrap().bth.psn.add(3)
     );
     assert_eq!(n.node(1).qp_state(b.qpn).unwrap(), QpState::Err);
-    deliver(&mut n, 0, &out);
+    n.deliver_now(0, &out);
     let t = n.now() + Duration::from_secs(1);
     n.run_until(t, |_| false);
     let wcs = n.node(0).poll_cq(a.send_cq, 8).unwrap();

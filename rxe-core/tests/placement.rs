@@ -1,0 +1,229 @@
+//! What a driver needs from the engine to let a sender on the same host
+//! place an RDMA WRITE ONLY's payload itself (verbs-api with
+//! `local_link::place`): which packets are first transmissions
+//! (`Transmit::fresh`), and whether a responder would execute a WRITE
+//! ONLY at its next PSN right now (`Engine::write_target`).
+
+use std::time::Duration;
+
+use rxe_core::mem::Memory;
+use rxe_core::sim::{node_config, ConnectOpts, LinkConfig, Network, QpEnd};
+use rxe_core::{
+    AccessFlags, QpAttr, QpAttrMask, QpState, QpType, SendOp, SendWr, Sge, Transmit, WcStatus,
+};
+use wire::{Opcode, PacketRepr};
+
+const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+fn setup(opts: &ConnectOpts) -> (Network, QpEnd, QpEnd) {
+    let mut n = Network::new(1, LinkConfig::perfect());
+    n.add_node(node_config("10.0.0.1".parse().unwrap(), 1));
+    n.add_node(node_config("10.0.0.2".parse().unwrap(), 2));
+    let a = n.create_endpoint(0, QpType::Rc, None, None, 64).unwrap();
+    let b = n.create_endpoint(1, QpType::Rc, None, None, 64).unwrap();
+    n.connect(&a, &b, opts).unwrap();
+    (n, a, b)
+}
+
+fn mr(n: &mut Network, node: usize, pd: rxe_core::PdHandle, len: usize) -> (u64, u32, u32) {
+    let addr = n.node(node).mem_mut().alloc(len);
+    n.node(node)
+        .mem_mut()
+        .write(addr, &vec![0x5a; len])
+        .unwrap();
+    let m = n.node(node).reg_mr(pd, addr, len as u64, ALL).unwrap();
+    (addr, m.lkey, m.rkey)
+}
+
+fn write(wr_id: u64, remote: (u64, u32), local: (u64, u32), len: u32) -> SendWr {
+    SendWr::new(
+        wr_id,
+        SendOp::RdmaWrite {
+            remote_addr: remote.0,
+            rkey: remote.1,
+        },
+        vec![Sge {
+            addr: local.0,
+            length: len,
+            lkey: local.1,
+        }],
+    )
+}
+
+fn psn(t: &Transmit) -> u32 {
+    PacketRepr::parse(&t.payload).unwrap().bth.psn.value()
+}
+
+#[test]
+fn only_a_request_packets_first_transmission_is_fresh() {
+    let opts = ConnectOpts {
+        psn_a: 0xff_fffe, // across the PSN wrap
+        ..ConnectOpts::default()
+    };
+    let (mut n, a, b) = setup(&opts);
+    let (x, _, x_rkey) = mr(&mut n, 1, b.pd, 4096);
+    let (src, src_lkey, _) = mr(&mut n, 0, a.pd, 4096);
+    let now = n.now();
+    n.node(0)
+        .post_send(now, a.qpn, write(1, (x, x_rkey), (src, src_lkey), 64))
+        .unwrap();
+    n.node(0)
+        .post_send(now, a.qpn, write(2, (x, x_rkey), (src, src_lkey), 3000))
+        .unwrap();
+    let first = n.take_transmits(0);
+    assert_eq!(first.len(), 4, "a WRITE ONLY and a 3-packet WRITE");
+    assert!(first.iter().all(|t| t.fresh), "first transmissions");
+    assert_eq!(
+        first.iter().map(psn).collect::<Vec<_>>(),
+        [0xff_fffe, 0xff_ffff, 0, 1]
+    );
+    // Nothing was delivered: the retransmission timer resends them all.
+    let due = n.node(0).poll_timeout().expect("a retransmission timer");
+    n.node(0).handle_timeout(due);
+    let again = n.take_transmits(0);
+    assert_eq!(
+        again.iter().map(psn).collect::<Vec<_>>(),
+        [0xff_fffe, 0xff_ffff, 0, 1]
+    );
+    assert!(
+        again.iter().all(|t| !t.fresh),
+        "retransmissions are not fresh"
+    );
+    // Delivered now; the ACK comes back; the responder's ACK is not fresh.
+    n.deliver_now(1, &again);
+    let acks = n.take_transmits(1);
+    assert!(!acks.is_empty() && acks.iter().all(|t| !t.fresh));
+    n.deliver_now(0, &acks);
+    let wcs = n.node(0).poll_cq(a.send_cq, 4).unwrap();
+    assert!(wcs.len() == 2 && wcs.iter().all(|w| w.status == WcStatus::Success));
+    // The next WRITE is a first transmission again, at the next PSN.
+    let now = n.now() + Duration::from_millis(1);
+    n.node(0)
+        .post_send(now, a.qpn, write(3, (x, x_rkey), (src, src_lkey), 8))
+        .unwrap();
+    let next = n.take_transmits(0);
+    assert_eq!(next.len(), 1);
+    assert!(next[0].fresh);
+    assert_eq!(psn(&next[0]), 2);
+}
+
+#[test]
+fn a_responder_is_a_write_target_only_when_a_write_only_would_run_at_once() {
+    let opts = ConnectOpts {
+        psn_a: 0,
+        ..ConnectOpts::default()
+    };
+    let (mut n, a, b) = setup(&opts);
+    let (x, _, x_rkey) = mr(&mut n, 1, b.pd, 16 * 1024);
+    let (src, src_lkey, _) = mr(&mut n, 0, a.pd, 16 * 1024);
+    let target = |n: &mut Network| n.node(1).write_target(b.qpn).map(|(pd, p)| (pd, p.value()));
+    assert_eq!(
+        target(&mut n),
+        Some((b.pd, 0)),
+        "connected, nothing received"
+    );
+    assert_eq!(n.node(1).write_target(0x7777), None, "no such QP");
+
+    // The first packet of a 3-packet WRITE: a message is in progress.
+    let now = n.now();
+    n.node(0)
+        .post_send(now, a.qpn, write(1, (x, x_rkey), (src, src_lkey), 3000))
+        .unwrap();
+    let pkts = n.take_transmits(0);
+    assert_eq!(pkts.len(), 3);
+    n.deliver_now(1, &pkts[..1]);
+    assert_eq!(target(&mut n), None, "WRITE FIRST received, LAST not");
+    n.deliver_now(1, &pkts[1..]);
+    assert_eq!(target(&mut n), Some((b.pd, 3)), "the WRITE is complete");
+    let ack = n.take_transmits(1);
+    n.deliver_now(0, &ack);
+
+    // A READ whose reply is not out yet: a later WRITE would wait for it.
+    let (dst, dst_lkey, _) = mr(&mut n, 0, a.pd, 16 * 1024);
+    let read = SendWr::new(
+        2,
+        SendOp::RdmaRead {
+            remote_addr: x,
+            rkey: x_rkey,
+        },
+        vec![Sge {
+            addr: dst,
+            length: 16 * 1024,
+            lkey: dst_lkey,
+        }],
+    );
+    let now = n.now();
+    n.node(0).post_send(now, a.qpn, read).unwrap();
+    let req = n.take_transmits(0);
+    n.deliver_now(1, &req);
+    assert_eq!(target(&mut n), None, "a READ reply is under way");
+    let responses = n.take_transmits(1);
+    assert!(responses.iter().all(|t| {
+        let op = PacketRepr::parse(&t.payload).unwrap().bth.opcode;
+        op.name().starts_with("RC_RDMA_READ_RESPONSE") || op == Opcode::RC_ACKNOWLEDGE
+    }));
+    assert_eq!(
+        target(&mut n),
+        Some((b.pd, 19)),
+        "the reply (16 PSNs) is out"
+    );
+
+    // A QP that does not allow remote writes, and one in ERR.
+    let attr = QpAttr {
+        qp_access_flags: AccessFlags::REMOTE_READ.bits(),
+        ..QpAttr::default()
+    };
+    let now = n.now();
+    n.node(1)
+        .modify_qp(now, b.qpn, &attr, QpAttrMask::ACCESS_FLAGS)
+        .unwrap();
+    assert_eq!(target(&mut n), None, "no remote write");
+    let attr = QpAttr {
+        qp_access_flags: ALL.bits(),
+        ..QpAttr::default()
+    };
+    n.node(1)
+        .modify_qp(now, b.qpn, &attr, QpAttrMask::ACCESS_FLAGS)
+        .unwrap();
+    assert_eq!(target(&mut n), Some((b.pd, 19)));
+    let errors = n.node(1).qp_errors();
+    let attr = QpAttr {
+        qp_state: Some(QpState::Err),
+        ..QpAttr::default()
+    };
+    n.node(1)
+        .modify_qp(now, b.qpn, &attr, QpAttrMask::STATE)
+        .unwrap();
+    assert_eq!(target(&mut n), None, "in ERR");
+    assert_eq!(n.node(1).qp_errors(), errors + 1);
+}
+
+#[test]
+fn a_qp_that_fails_by_itself_is_counted_in_qp_errors() {
+    let opts = ConnectOpts {
+        timeout: 1,
+        retry_cnt: 0,
+        ..ConnectOpts::default()
+    };
+    let (mut n, a, _b) = setup(&opts);
+    let (src, src_lkey, _) = mr(&mut n, 0, a.pd, 64);
+    let before = n.node(0).qp_errors();
+    let now = n.now();
+    n.node(0)
+        .post_send(now, a.qpn, write(1, (0x1000, 0x1234), (src, src_lkey), 64))
+        .unwrap();
+    // The packets are never delivered: the retry count runs out.
+    let _ = n.take_transmits(0);
+    for _ in 0..4 {
+        if let Some(due) = n.node(0).poll_timeout() {
+            n.node(0).handle_timeout(due);
+            let _ = n.take_transmits(0);
+        }
+    }
+    let wcs = n.node(0).poll_cq(a.send_cq, 4).unwrap();
+    assert_eq!(wcs[0].status, WcStatus::RetryExcErr, "{wcs:?}");
+    assert_eq!(n.node(0).qp_errors(), before + 1);
+}
