@@ -29,17 +29,25 @@
 //! - page 0: magic (0), rings (8), ring size (16); `closed` (u32, 64);
 //!   `sleeping` (u32, 128: 0 awake, 1 asleep, 2 asleep and kicked, 3
 //!   awake but its application stopped polling: kick it too);
-//!   `active` (u64, 192: bit `s` set once ring `s` was written);
+//!   `active` (u64, 192: bit `s` set once ring `s` was written); the
+//!   consumer's process ID (u32, 256: see [`place`](crate::Placement));
 //! - from page 1: one 256-byte control block per ring: `tail` (u64, 0,
 //!   written by the producer) and `head` (u64, 128, by the consumer), both
-//!   byte positions that only grow;
+//!   byte positions that only grow; the producer's `placing` counter (u64,
+//!   64) and process ID (u32, 72);
+//! - then, page-aligned, the placement tables (64 KiB, written by the
+//!   consumer only);
 //! - then the rings' data, `ring size` bytes each, page-aligned: records
 //!   of an 8-byte header (u32 length, u16 UDP source port, u8 IP TOS, u8
-//!   zero) and
-//!   the datagram padded to 8 bytes; a length of `u32::MAX` means "the
+//!   flags: bit 0 "placed") and
+//!   the datagram padded to 8 bytes, then, if placed, the u64 host address
+//!   its payload was written to; a length of `u32::MAX` means "the
 //!   rest of this lap is unused, continue at offset 0".
 
+mod place;
 mod shm;
+
+pub use place::{PlaceError, PlaceableMr, PlaceableQp, Placement};
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -55,7 +63,7 @@ pub const DEFAULT_RING_SIZE: usize = 4 << 20;
 /// The largest datagram an inbox carries (a UDP payload's limit).
 pub const MAX_DATAGRAM: usize = 65507;
 
-const MAGIC: u64 = 0x7278_655f_6c6c_0001; // "rxe_ll", layout 1
+const MAGIC: u64 = 0x7278_655f_6c6c_0002; // "rxe_ll", layout 2
 const PAGE: usize = 4096;
 const CTRL: usize = 256;
 const OFF_RINGS: usize = 8;
@@ -99,9 +107,14 @@ impl Layout {
         PAGE + ring * CTRL
     }
 
-    fn data(&self, ring: usize) -> usize {
+    /// The placement tables (`place`).
+    fn tables(&self) -> usize {
         let ctrl_end = PAGE + self.rings * CTRL;
-        ctrl_end.div_ceil(PAGE) * PAGE + ring * self.ring_size
+        ctrl_end.div_ceil(PAGE) * PAGE
+    }
+
+    fn data(&self, ring: usize) -> usize {
+        self.tables() + place::TABLES_LEN + ring * self.ring_size
     }
 
     fn len(&self) -> usize {
@@ -178,6 +191,16 @@ pub enum PushError {
     Invalid,
 }
 
+/// Where a producer's next record goes ([`Inbox::room`]).
+struct Room {
+    tail: u64,
+    /// Bytes left unused at the end of the ring before it.
+    skip: u64,
+    /// Bytes of the record.
+    need: u64,
+    fits: bool,
+}
+
 /// A datagram taken out of an inbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Popped {
@@ -189,6 +212,9 @@ pub struct Popped {
     pub tos: u8,
     /// Its length, at the start of the caller's buffer.
     pub len: usize,
+    /// Where the sender wrote its payload in this process's memory, if it
+    /// placed it ([`Inbox::place`]).
+    pub placed: Option<u64>,
 }
 
 /// A process's view of an inbox: its own (to consume) or another
@@ -273,34 +299,37 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
     ) -> Result<(), PushError> {
-        if ring >= self.layout.rings || datagram.len() > MAX_DATAGRAM {
-            return Err(PushError::Invalid);
-        }
+        self.push_record(ring, src_port, tos, datagram, None)
+    }
+
+    fn push_record(
+        &self,
+        ring: usize,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+        placed: Option<u64>,
+    ) -> Result<(), PushError> {
         if self.is_closed() {
             return Err(PushError::Closed);
         }
-        let size = self.layout.ring_size as u64;
-        let tail = self.tail(ring).load(Relaxed);
-        let head = self.head(ring).load(Acquire);
-        if !self.consistent(head, tail) {
-            return Err(PushError::Corrupt);
-        }
-        let need = (REC + pad8(datagram.len())) as u64;
-        let mut at = tail;
-        let off = (tail % size) as usize;
-        let skip = if off as u64 + need > size {
-            size - off as u64
-        } else {
-            0
-        };
-        if tail - head + skip + need > size {
+        let Room {
+            tail,
+            skip,
+            need,
+            fits,
+        } = self.room(ring, datagram.len(), placed.is_some())?;
+        if !fits {
             return Err(PushError::Full);
         }
+        let size = self.layout.ring_size as u64;
         let base = self.layout.data(ring);
+        let mut at = tail;
         if skip > 0 {
             // The record does not fit before the end: mark the rest of the
             // lap unused (records are 8-aligned, so a header fits).
-            self.map.write(base + off, &WRAP.to_le_bytes());
+            self.map
+                .write(base + (tail % size) as usize, &WRAP.to_le_bytes());
             at += skip;
         }
         let off = (at % size) as usize;
@@ -308,14 +337,49 @@ impl Inbox {
         hdr[..4].copy_from_slice(&(datagram.len() as u32).to_le_bytes());
         hdr[4..6].copy_from_slice(&src_port.to_le_bytes());
         hdr[6] = tos;
+        hdr[7] = u8::from(placed.is_some());
         self.map.write(base + off, &hdr);
         self.map.write(base + off + REC, datagram);
+        if let Some(at) = placed {
+            self.map
+                .write(base + off + REC + pad8(datagram.len()), &at.to_le_bytes());
+        }
         self.tail(ring).store(at + need, SeqCst);
         let active = self.map.u64_at(OFF_ACTIVE);
         if active.load(SeqCst) & (1 << ring) == 0 {
             active.fetch_or(1 << ring, SeqCst);
         }
         Ok(())
+    }
+
+    /// Producer: where a record of a `len`-byte datagram (with a placed
+    /// address, or not) would go in ring `ring`, and whether it fits now
+    /// (the consumer only ever makes more room).
+    fn room(&self, ring: usize, len: usize, placed: bool) -> Result<Room, PushError> {
+        if ring >= self.layout.rings || len > MAX_DATAGRAM {
+            return Err(PushError::Invalid);
+        }
+        let size = self.layout.ring_size as u64;
+        let tail = self.tail(ring).load(Relaxed);
+        let head = self.head(ring).load(Acquire);
+        if !self.consistent(head, tail) {
+            return Err(PushError::Corrupt);
+        }
+        let need = (REC + pad8(len) + if placed { 8 } else { 0 }) as u64;
+        let off = tail % size;
+        let skip = if off + need > size { size - off } else { 0 };
+        Ok(Room {
+            tail,
+            skip,
+            need,
+            fits: tail - head + skip + need <= size,
+        })
+    }
+
+    /// Producer: whether a record of a `len`-byte datagram with a placed
+    /// address fits in ring `ring` now.
+    pub(crate) fn has_room_placed(&self, ring: usize, len: usize) -> Result<bool, PushError> {
+        Ok(self.room(ring, len, true)?.fits)
     }
 
     /// Producer: wake the consumer if it sleeps, or if its application
@@ -387,7 +451,8 @@ impl Inbox {
                 continue;
             }
             let len = len as usize;
-            let need = (REC + pad8(len)) as u64;
+            let placed = hdr[7] & 1 != 0;
+            let need = (REC + pad8(len) + if placed { 8 } else { 0 }) as u64;
             if len > MAX_DATAGRAM
                 || len > buf.len()
                 || off as u64 + need > size
@@ -396,6 +461,11 @@ impl Inbox {
                 return self.discard(ring, tail);
             }
             self.map.read(base + off + REC, &mut buf[..len]);
+            let placed = placed.then(|| {
+                let mut a = [0u8; 8];
+                self.map.read(base + off + REC + pad8(len), &mut a);
+                u64::from_le_bytes(a)
+            });
             let src_port = u16::from_le_bytes([hdr[4], hdr[5]]);
             self.head(ring).store(head + need, SeqCst);
             return Some(Popped {
@@ -403,6 +473,7 @@ impl Inbox {
                 src_port,
                 tos: hdr[6],
                 len,
+                placed,
             });
         }
     }

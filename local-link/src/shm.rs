@@ -134,3 +134,35 @@ impl Drop for Mapping {
         }
     }
 }
+
+/// Copy `data` to address `addr` of process `pid` (`process_vm_writev`),
+/// which the kernel allows only with ptrace rights over it (same user,
+/// Yama's `ptrace_scope` permitting). The kernel checks every page of
+/// the destination and reports an unmapped or read-only one as `EFAULT`.
+/// Returns the bytes written, which may be fewer than asked.
+pub(crate) fn write_to_process(pid: i32, addr: u64, data: &[u8]) -> io::Result<usize> {
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as usize as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: `local` describes `data`, which the kernel only reads;
+    // `remote` names memory of another process, which the kernel checks
+    // (permissions, mappings) and never resolves in ours. One iovec each.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Whether process `pid` still exists (a signal 0 reaches it, or it
+/// exists but belongs to someone else).
+pub(crate) fn process_exists(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it touches no memory.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}

@@ -120,7 +120,9 @@ fn words_scribbled_by_another_process_are_counted_and_dropped_not_trusted() {
     let (tx, rx) = (open(&f), open(&f));
     let file = std::fs::File::from(f.memfd().try_clone_to_owned().unwrap());
     let ctrl = 4096 + 256; // ring 1's control block
-    let data = 8192 + RING as u64; // ring 1's data (control blocks fill page 1)
+                           // Ring 1's data: after page 0, the control blocks (page 1) and the
+                           // 64 KiB of placement tables, and after ring 0.
+    let data = 8192 + 65536 + RING as u64;
     let mut buf = vec![0u8; MAX_DATAGRAM];
 
     // A tail beyond a ring's worth past the head.

@@ -1,0 +1,421 @@
+//! Placement: the responder's write done in the sender's context.
+//!
+//! Kernel rxe's `rxe_loopback()` runs the responder in the sender's
+//! context, so an RDMA WRITE between two QPs of one device is in the
+//! target's memory before the sender's `ibv_post_send` returns, and a
+//! program that waits for it by watching memory (`ib_write_lat`, ring
+//! buffers) sees it without the target process doing anything. Here the
+//! target's engine runs in the target's process; without help the data
+//! lands only when one of the target's threads reads the packet from its
+//! inbox, and a target that spins on memory has no thread to spare.
+//!
+//! So the consumer of an inbox publishes in it what a sender needs to
+//! decide, as its responder would, that a WRITE ONLY packet is to be
+//! executed now and where its bytes go:
+//! - **its MRs with remote write access** (rkey, PD, I/O address, length,
+//!   host address): [`Inbox::publish_mr`], and [`Inbox::unpublish_mr`]
+//!   before the MR is deregistered or changed;
+//! - **its RC QPs' responders** (QPN, PD, the next PSN expected, and
+//!   whether it would execute a WRITE ONLY at that PSN now: state RTR or
+//!   RTS, remote write allowed, no message or READ reply in progress):
+//!   [`Inbox::publish_qp`], after every packet for the QP and every
+//!   change of it.
+//!
+//! A sender that finds its packet acceptable by those tables writes the
+//! payload into the consumer's memory (`process_vm_writev`,
+//! [`Inbox::place_and_push`]) and then pushes the packet as usual, marked
+//! with the host address it wrote. The consumer's engine
+//! checks and acknowledges the packet exactly as any other; only its copy
+//! of the payload is skipped when it would have written the same bytes to
+//! the same address. Anything the sender cannot decide (a memory window,
+//! an MR that does not fit the table, a responder with work in progress,
+//! a retransmission, a peer it has no ptrace rights over) goes the usual
+//! way, unplaced.
+//!
+//! **Deregistration.** A consumer must not let its memory go while a
+//! sender writes into it. Each ring's control block has a `placing`
+//! counter that its producer makes odd for the duration of a placement
+//! (around the table lookup and the write). [`Inbox::unpublish_mr`]
+//! removes the entry, then waits until no ring's counter is odd with the
+//! value it saw; a producer that died mid-placement (its process is gone)
+//! is not waited for. Either the producer's lookup sees the entry gone,
+//! or the consumer sees the counter odd and waits: both sides use
+//! sequentially consistent fences between their store and their load.
+//!
+//! **Whose memory.** The consumer publishes its process ID and PID
+//! namespace; a producer in another namespace does not place. A consumer
+//! that closes its device withdraws placement first
+//! ([`Inbox::withdraw_placement`]); one that exits loses its memory with
+//! its process (the write fails, `ESRCH`). What is not covered is a
+//! consumer that calls `execve` with its device open: until the daemon
+//! sees its connection close and closes its inbox (which every placement
+//! checks first), its process ID names the new program. A producer would
+//! have to place in that window, at an address that the new program has
+//! mapped writable, to touch it.
+//!
+//! **Tables** (after the rings' control blocks, before their data): MR
+//! entries of 64 bytes, at a hash of the rkey; QP entries of 32 bytes, at
+//! the QPN's low bits. Each entry is a seqlock (`seq` odd while the
+//! consumer writes it); readers retry nothing: a torn or busy entry means
+//! "not placeable". Entries are written only by the consumer, so a
+//! producer can at worst make its own placements fail.
+
+use std::sync::atomic::{fence, Ordering::*};
+
+use crate::{shm, Inbox, PushError};
+
+/// MR entries in an inbox (a power of two).
+pub(crate) const MR_ENTRIES: usize = 512;
+/// QP entries in an inbox (a power of two).
+pub(crate) const QP_ENTRIES: usize = 1024;
+const MR_ENTRY: usize = 64;
+const QP_ENTRY: usize = 32;
+/// Bytes of both tables.
+pub(crate) const TABLES_LEN: usize = MR_ENTRIES * MR_ENTRY + QP_ENTRIES * QP_ENTRY;
+
+/// In page 0: the consumer's process ID (0: placement not offered), and
+/// the inode of its PID namespace (a process ID means that process only
+/// in that namespace).
+pub(crate) const OFF_OWNER_PID: usize = 256;
+const OFF_OWNER_PIDNS: usize = 264;
+/// In a ring's control block: the producer's placement counter (odd while
+/// it places) and its process ID.
+const CTRL_PLACING: usize = 64;
+const CTRL_PRODUCER_PID: usize = 72;
+
+/// How long [`Inbox::unpublish_mr`] waits before it asks whether a
+/// producer that looks busy still exists, and then again between asks.
+const PRODUCER_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// An MR as its owner publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaceableMr {
+    pub rkey: u32,
+    pub pd: u32,
+    /// The address peers name (RETH VA) of its first byte.
+    pub iova: u64,
+    pub len: u64,
+    /// Its first byte in the owner's address space.
+    pub host_addr: u64,
+}
+
+/// A responder as its owner publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaceableQp {
+    pub qpn: u32,
+    pub pd: u32,
+    /// The PSN it expects next (24 bits).
+    pub epsn: u32,
+}
+
+/// A WRITE ONLY packet a sender would like to place.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    pub qpn: u32,
+    pub psn: u32,
+    pub rkey: u32,
+    pub va: u64,
+    pub data: &'a [u8],
+}
+
+/// Why a packet was not placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlaceError {
+    /// The tables do not allow it now (no entry, another PSN, out of
+    /// bounds, an entry being rewritten): send it unplaced.
+    NotNow,
+    /// The consumer does not offer placement, or this process may not
+    /// write its memory (no ptrace rights, or it is gone): no packet to
+    /// this inbox will be placed.
+    Refused,
+    /// The write failed part way (an unmapped page): send it unplaced;
+    /// the consumer's engine writes it (or fails) as it would have.
+    Fault,
+}
+
+fn mr_index(rkey: u32) -> usize {
+    (rkey.wrapping_mul(0x61C8_8647) >> 16) as usize & (MR_ENTRIES - 1)
+}
+
+fn qp_index(qpn: u32) -> usize {
+    qpn as usize & (QP_ENTRIES - 1)
+}
+
+impl Inbox {
+    fn mr_entry(&self, i: usize) -> usize {
+        self.layout.tables() + i * MR_ENTRY
+    }
+
+    fn qp_entry(&self, i: usize) -> usize {
+        self.layout.tables() + MR_ENTRIES * MR_ENTRY + i * QP_ENTRY
+    }
+
+    /// Begin a seqlock write of the entry at `off` (single writer: the
+    /// consumer, under its own lock).
+    fn entry_write_begin(&self, off: usize) {
+        let seq = self.map.u64_at(off);
+        seq.store(seq.load(Relaxed) | 1, Relaxed);
+        fence(Release);
+    }
+
+    fn entry_write_end(&self, off: usize) {
+        let seq = self.map.u64_at(off);
+        seq.store((seq.load(Relaxed) | 1).wrapping_add(1), Release);
+    }
+
+    /// Consumer: offer placement to producers (this process's ID goes
+    /// into the inbox; they write its memory with it). Returns false,
+    /// offering nothing, where the process's PID namespace cannot be
+    /// told (no `/proc`).
+    pub fn offer_placement(&self) -> bool {
+        let Some(ns) = pid_namespace() else {
+            return false;
+        };
+        self.map.u64_at(OFF_OWNER_PIDNS).store(ns, SeqCst);
+        self.map
+            .u32_at(OFF_OWNER_PID)
+            .store(std::process::id(), SeqCst);
+        true
+    }
+
+    /// Consumer: publish an MR with remote write access. Returns false
+    /// if its entry is taken by another MR (it is then never placed into).
+    pub fn publish_mr(&self, mr: &PlaceableMr) -> bool {
+        let off = self.mr_entry(mr_index(mr.rkey));
+        let m = &self.map;
+        if m.u32_at(off + 40).load(Relaxed) != 0 && m.u32_at(off + 8).load(Relaxed) != mr.rkey {
+            return false;
+        }
+        self.entry_write_begin(off);
+        m.u32_at(off + 8).store(mr.rkey, Relaxed);
+        m.u32_at(off + 12).store(mr.pd, Relaxed);
+        m.u64_at(off + 16).store(mr.iova, Relaxed);
+        m.u64_at(off + 24).store(mr.len, Relaxed);
+        m.u64_at(off + 32).store(mr.host_addr, Relaxed);
+        m.u32_at(off + 40).store(1, Relaxed);
+        self.entry_write_end(off);
+        true
+    }
+
+    /// Consumer: `rkey` is about to be deregistered or changed. Removes
+    /// its entry and returns once no producer can still be writing into
+    /// it (a producer whose process is gone is not waited for).
+    pub fn unpublish_mr(&self, rkey: u32) {
+        let off = self.mr_entry(mr_index(rkey));
+        let m = &self.map;
+        if m.u32_at(off + 40).load(Relaxed) == 0 || m.u32_at(off + 8).load(Relaxed) != rkey {
+            return;
+        }
+        self.entry_write_begin(off);
+        m.u32_at(off + 40).store(0, Relaxed);
+        self.entry_write_end(off);
+        self.wait_for_placements();
+    }
+
+    /// Wait until every placement that may have seen the tables (or the
+    /// owner's process ID) as they were before this call has ended.
+    fn wait_for_placements(&self) {
+        let m = &self.map;
+        // Pairs with the fence in `place`: either its lookup sees the
+        // change, or this sees its counter odd.
+        fence(SeqCst);
+        for ring in 0..self.layout.rings {
+            let ctrl = self.layout.ctrl(ring);
+            let placing = m.u64_at(ctrl + CTRL_PLACING);
+            let seen = placing.load(SeqCst);
+            if seen % 2 == 0 {
+                continue;
+            }
+            let pid = m.u32_at(ctrl + CTRL_PRODUCER_PID).load(SeqCst) as i32;
+            let mut next_check = std::time::Instant::now() + PRODUCER_CHECK;
+            while placing.load(SeqCst) == seen {
+                if std::time::Instant::now() >= next_check {
+                    if pid <= 0 || !shm::process_exists(pid) {
+                        break;
+                    }
+                    next_check += PRODUCER_CHECK;
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Consumer: publish the responder of RC QP `qp.qpn` as ready to
+    /// execute a WRITE ONLY at `qp.epsn`, or (`None`) as not ready.
+    pub fn publish_qp(&self, qpn: u32, qp: Option<&PlaceableQp>) {
+        let off = self.qp_entry(qp_index(qpn));
+        let m = &self.map;
+        let (cur_qpn, cur_ok) = (
+            m.u32_at(off + 8).load(Relaxed),
+            m.u32_at(off + 20).load(Relaxed),
+        );
+        match qp {
+            None if cur_ok == 0 || cur_qpn != qpn => {}
+            None => {
+                self.entry_write_begin(off);
+                m.u32_at(off + 20).store(0, Relaxed);
+                self.entry_write_end(off);
+            }
+            Some(q) => {
+                if cur_ok != 0
+                    && cur_qpn == q.qpn
+                    && m.u32_at(off + 12).load(Relaxed) == q.pd
+                    && m.u32_at(off + 16).load(Relaxed) == q.epsn
+                {
+                    return;
+                }
+                self.entry_write_begin(off);
+                m.u32_at(off + 8).store(q.qpn, Relaxed);
+                m.u32_at(off + 12).store(q.pd, Relaxed);
+                m.u32_at(off + 16).store(q.epsn, Relaxed);
+                m.u32_at(off + 20).store(1, Relaxed);
+                self.entry_write_end(off);
+            }
+        }
+    }
+
+    /// Read an entry under its seqlock: `read` gets the entry's offset.
+    fn entry_read<T>(&self, off: usize, read: impl FnOnce(usize) -> T) -> Option<T> {
+        let seq = self.map.u64_at(off);
+        let s1 = seq.load(Acquire);
+        if s1 % 2 == 1 {
+            return None;
+        }
+        let v = read(off);
+        fence(Acquire);
+        (seq.load(Relaxed) == s1).then_some(v)
+    }
+
+    fn lookup_mr(&self, rkey: u32) -> Option<PlaceableMr> {
+        let m = &self.map;
+        let e = self.entry_read(self.mr_entry(mr_index(rkey)), |off| {
+            (
+                m.u32_at(off + 40).load(Relaxed),
+                PlaceableMr {
+                    rkey: m.u32_at(off + 8).load(Relaxed),
+                    pd: m.u32_at(off + 12).load(Relaxed),
+                    iova: m.u64_at(off + 16).load(Relaxed),
+                    len: m.u64_at(off + 24).load(Relaxed),
+                    host_addr: m.u64_at(off + 32).load(Relaxed),
+                },
+            )
+        })?;
+        (e.0 != 0 && e.1.rkey == rkey).then_some(e.1)
+    }
+
+    fn lookup_qp(&self, qpn: u32) -> Option<PlaceableQp> {
+        let m = &self.map;
+        let e = self.entry_read(self.qp_entry(qp_index(qpn)), |off| {
+            (
+                m.u32_at(off + 20).load(Relaxed),
+                PlaceableQp {
+                    qpn: m.u32_at(off + 8).load(Relaxed),
+                    pd: m.u32_at(off + 12).load(Relaxed),
+                    epsn: m.u32_at(off + 16).load(Relaxed),
+                },
+            )
+        })?;
+        (e.0 != 0 && e.1.qpn == qpn).then_some(e.1)
+    }
+
+    /// Consumer, letting go of its inbox (or of placement): producers
+    /// stop placing, and this returns once none can still be writing
+    /// into this process (as [`Inbox::unpublish_mr`] for every MR).
+    pub fn withdraw_placement(&self) {
+        self.map.u32_at(OFF_OWNER_PID).store(0, SeqCst);
+        self.wait_for_placements();
+    }
+
+    /// Producer (the process in slot `ring`): [`Inbox::push`] `datagram`,
+    /// an RC WRITE ONLY packet's first transmission described by `p`,
+    /// after writing its payload into the consumer's memory if the
+    /// consumer's tables say its responder would, now, write it there.
+    /// Nothing is written unless the record fits in the ring, so a placed
+    /// payload is always followed by its packet. Returns the push's
+    /// result and, inside, where the payload was placed or why not.
+    ///
+    /// Call it only with nothing before `datagram` for this inbox still
+    /// waiting to be pushed, and from one thread of the process at a time.
+    pub fn place_and_push(
+        &self,
+        ring: usize,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+        p: &Placement<'_>,
+    ) -> Result<Result<u64, PlaceError>, PushError> {
+        if !self.has_room_placed(ring, datagram.len())? {
+            return Err(PushError::Full);
+        }
+        let placed = self.place(ring, p);
+        self.push_record(ring, src_port, tos, datagram, placed.ok())?;
+        Ok(placed)
+    }
+
+    fn place(&self, ring: usize, p: &Placement<'_>) -> Result<u64, PlaceError> {
+        if self.is_closed() {
+            return Err(PlaceError::Refused);
+        }
+        let ctrl = self.layout.ctrl(ring);
+        let me = std::process::id();
+        let pid_word = self.map.u32_at(ctrl + CTRL_PRODUCER_PID);
+        if pid_word.load(Relaxed) != me {
+            pid_word.store(me, SeqCst);
+        }
+        let placing = self.map.u64_at(ctrl + CTRL_PLACING);
+        // Odd: a consumer that withdraws an MR (or placement) from here on
+        // waits for us; everything we decide on is read after this.
+        let before = placing.load(Relaxed);
+        placing.store(before | 1, SeqCst);
+        fence(SeqCst);
+        let r = self.place_checked(p);
+        placing.store((before | 1).wrapping_add(1), SeqCst);
+        r
+    }
+
+    fn place_checked(&self, p: &Placement<'_>) -> Result<u64, PlaceError> {
+        let pid = self.map.u32_at(OFF_OWNER_PID).load(SeqCst);
+        if pid == 0 || pid > i32::MAX as u32 {
+            return Err(PlaceError::Refused);
+        }
+        // A process ID from another PID namespace names another process
+        // here (containers that share one daemon).
+        if pid_namespace() != Some(self.map.u64_at(OFF_OWNER_PIDNS).load(SeqCst)) {
+            return Err(PlaceError::Refused);
+        }
+        let pid = pid as i32;
+        let qp = self.lookup_qp(p.qpn).ok_or(PlaceError::NotNow)?;
+        if qp.epsn != p.psn & 0x00ff_ffff {
+            return Err(PlaceError::NotNow);
+        }
+        let mr = self.lookup_mr(p.rkey).ok_or(PlaceError::NotNow)?;
+        let len = p.data.len() as u64;
+        let inside =
+            mr.pd == qp.pd && p.va >= mr.iova && len <= mr.len && p.va - mr.iova <= mr.len - len;
+        if !inside || p.data.is_empty() {
+            return Err(PlaceError::NotNow);
+        }
+        let host = mr.host_addr.wrapping_add(p.va - mr.iova);
+        match shm::write_to_process(pid, host, p.data) {
+            Ok(n) if n == p.data.len() => Ok(host),
+            Ok(_) => Err(PlaceError::Fault),
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EFAULT) => Err(PlaceError::Fault),
+                Some(libc::EINTR | libc::ENOMEM) => Err(PlaceError::NotNow),
+                _ => Err(PlaceError::Refused),
+            },
+        }
+    }
+}
+
+/// The inode of this process's PID namespace, read once.
+fn pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    static NS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *NS.get_or_init(|| {
+        std::fs::metadata("/proc/self/ns/pid")
+            .ok()
+            .map(|m| m.ino())
+            .filter(|&i| i != 0)
+    })
+}
