@@ -342,6 +342,10 @@ pub(crate) struct Inner {
     /// microseconds of a CPU (`docs/performance.md`).
     progress_wakeups: std::sync::atomic::AtomicU64,
     wake_requests: std::sync::atomic::AtomicU64,
+    /// Placed WRITEs (a peer wrote their payload into our memory,
+    /// `local_link::Inbox::place_and_push`) that the engine did not
+    /// accept where they lay: `rxe-emu stat`'s `placed_refused`.
+    placed_refused: std::sync::atomic::AtomicU64,
     /// The data socket reports each datagram's TOS (`IP_RECVTOS` /
     /// `IPV6_RECVTCLASS`), so the engine sees its ECN codepoint: on a
     /// ConnectX-like device only; a kernel-rxe-like one ignores marks and
@@ -370,6 +374,7 @@ const UDP_RECENT: Duration = Duration::from_millis(20);
 /// How often the progress thread retries datagrams that wait for room
 /// in a full inbox (an application's poll retries at every poll).
 const PENDING_RETRY: Duration = Duration::from_micros(100);
+
 
 /// Attributes of the device's one port (`ibv_query_port`, port 1), as kernel
 /// rxe reports them for the same netdev.
@@ -568,6 +573,30 @@ impl Inner {
         Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
+    /// MR `mr` was registered (or changed): peers on this host may place
+    /// WRITEs into it (`local_link::place`).
+    pub(crate) fn publish_mr(&self, mr: &rxe_core::mr::Mr) {
+        if let Some(ll) = &self.local {
+            ll.publish_mr(mr);
+        }
+    }
+
+    /// MR `rkey` is about to be deregistered or changed: returns once no
+    /// peer can still be placing into it.
+    pub(crate) fn unpublish_mr(&self, rkey: u32) {
+        if let Some(ll) = &self.local {
+            ll.unpublish_mr(rkey);
+        }
+    }
+
+    /// QP `qpn` changed (or is gone): say again whether peers may place
+    /// WRITEs for it.
+    pub(crate) fn publish_qp(&self, e: &Engine<HostMemory>, qpn: u32) {
+        if let Some(ll) = &self.local {
+            ll.publish_qp(e, qpn);
+        }
+    }
+
     fn wake(&self) {
         self.wake_requests.fetch_add(1, Ordering::Relaxed);
         let _ = self.wake_tx.send(&[1]);
@@ -594,6 +623,9 @@ impl Inner {
     /// reply, a burst of ACKs) responses stream out as the engine builds
     /// them, so a long READ reply starts leaving at once.
     pub(crate) fn flush_with(&self, eng: &mut Engine<HostMemory>, hold: bool) {
+        if let Some(ll) = &self.local {
+            ll.publish_after_errors(eng);
+        }
         self.send_due(eng);
         let mut any = false;
         let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
@@ -792,7 +824,10 @@ impl Inner {
             if ts.is_empty() && !ll.has_pending() {
                 return;
             }
-            let sent = ll.send(ts, self.cfg.addr, self.now(), |t| {
+            // Fault injection may drop, duplicate or reorder what leaves:
+            // a payload is placed only when the packet surely follows it.
+            let place = !self.faults_on.load(Ordering::Acquire);
+            let sent = ll.send(ts, self.cfg.addr, self.now(), place, |t| {
                 self.sent_inbox.fetch_add(1, Ordering::Relaxed);
                 self.note_sent(t)
             });
@@ -1089,7 +1124,19 @@ impl Inner {
             if self.tracing.load(Ordering::Relaxed) {
                 self.trace_packet('r', &rx_info(&dg), dg.payload, p.tos);
             }
+            if let Some(at) = p.placed {
+                let len = wire::PacketRepr::parse(dg.payload).map_or(0, |p| p.payload.len());
+                e.mem_mut().expect_placed(at, len);
+            }
             e.handle_datagram(self.now(), &dg);
+            if p.placed.is_some() && !e.mem_mut().end_placed() {
+                // Checked and refused (or not written where it was
+                // placed): the bytes are in memory the sender was allowed
+                // to write, as after a WRITE that failed (IBTA: the
+                // target's contents are then undefined).
+                self.placed_refused.fetch_add(1, Ordering::Relaxed);
+            }
+            ll.publish_responder(e, &buf[..p.len]);
             self.flush_with(e, app);
             if polled.is_some_and(|cq| e.cq_len(cq) > 0) {
                 return true;
@@ -1359,6 +1406,14 @@ impl Inner {
                     self.progress_wakeups.load(Ordering::Relaxed),
                     self.wake_requests.load(Ordering::Relaxed),
                     self.local.as_ref().map_or(0, |l| l.kicks())
+                );
+                // WRITEs whose payload this process wrote into a peer's
+                // memory itself, and placed WRITEs to this process that
+                // its engine then refused.
+                l += &format!(
+                    " placed_writes={} placed_refused={}",
+                    self.local.as_ref().map_or(0, |l| l.placed()),
+                    self.placed_refused.load(Ordering::Relaxed)
                 );
                 out.push(l);
                 for q in e.qp_summaries() {
@@ -1824,6 +1879,7 @@ impl Device {
             local_rx: std::sync::atomic::AtomicU64::new(0),
             last_app_post: std::sync::atomic::AtomicU64::new(0),
             sent_inbox: std::sync::atomic::AtomicU64::new(0),
+            placed_refused: std::sync::atomic::AtomicU64::new(0),
             sent_udp: std::sync::atomic::AtomicU64::new(0),
             progress_wakeups: std::sync::atomic::AtomicU64::new(0),
             wake_requests: std::sync::atomic::AtomicU64::new(0),

@@ -27,6 +27,10 @@ use rxe_core::mem::{AtomicOp, Memory, MemoryFault};
 pub struct HostMemory {
     /// On-demand-paging ranges `[start, end)` by the lkey of their MR.
     odp: HashMap<u32, (u64, u64)>,
+    /// The payload of the packet being handled is already at this address
+    /// (address, length): a sender on this host placed it there
+    /// (`local_link::Inbox::place`).
+    placed: Option<(u64, usize)>,
 }
 
 impl HostMemory {
@@ -38,6 +42,20 @@ impl HostMemory {
     /// The MR is gone (or no longer on demand).
     pub fn remove_odp(&mut self, lkey: u32) {
         self.odp.remove(&lkey);
+    }
+
+    /// The packet about to be handled carries `len` bytes that its sender
+    /// already wrote at `addr`: the engine's write of exactly those bytes
+    /// there is skipped (it would write them again, over anything the
+    /// application did with them since). Any other write is done.
+    pub fn expect_placed(&mut self, addr: u64, len: usize) {
+        self.placed = Some((addr, len));
+    }
+
+    /// The packet was handled: returns whether its placed payload was the
+    /// engine's write (it was checked and accepted where it lies).
+    pub fn end_placed(&mut self) -> bool {
+        self.placed.take().is_none()
     }
 
     /// Whether `[addr, addr + len)` touches an on-demand-paging range.
@@ -109,6 +127,10 @@ impl Memory for HostMemory {
         if data.is_empty() {
             return Ok(());
         }
+        if self.placed == Some((addr, data.len())) {
+            self.placed = None;
+            return Ok(());
+        }
         if self.is_odp(addr, data.len()) {
             return Self::copy_checked(addr, data.as_ptr() as *mut u8, data.len(), true);
         }
@@ -144,5 +166,37 @@ impl Memory for HostMemory {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placed_payload_is_not_written_again_and_any_other_write_is() {
+        let mut buf = vec![0u8; 32];
+        let addr = buf.as_mut_ptr() as u64;
+        let mut m = HostMemory::default();
+        // The sender placed 8 bytes at +8; the application then changed
+        // one of them. The engine's write of that payload must not undo it.
+        m.expect_placed(addr + 8, 8);
+        m.write(addr, &[1; 8]).unwrap();
+        m.write(addr + 8, &[2; 4]).unwrap();
+        m.write(addr + 8, &[3; 8]).unwrap();
+        assert!(m.end_placed(), "the placed write was the engine's");
+        let mut want = vec![0u8; 32];
+        want[..8].fill(1);
+        want[8..12].fill(2);
+        assert_eq!(buf, want);
+        // Only that one write was skipped.
+        m.write(addr + 8, &[4; 8]).unwrap();
+        want[8..16].fill(4);
+        assert_eq!(buf, want);
+        // A packet whose placed payload the engine never wrote.
+        m.expect_placed(addr + 16, 8);
+        assert!(!m.end_placed());
+        m.write(addr + 16, &[5; 8]).unwrap();
+        assert_eq!(&buf[16..24], &[5; 8]);
     }
 }

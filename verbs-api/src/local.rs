@@ -23,8 +23,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use local_link::{Inbox, PushError};
-use rxe_core::{Instant, Transmit};
+use local_link::{Inbox, PlaceError, PlaceableMr, PlaceableQp, Placement, PushError};
+use rxe_core::{Engine, Instant, Transmit};
+
+use crate::hostmem::HostMemory;
 
 /// How long a slot without an inbox (nobody owns it, or the daemon could
 /// not be asked) goes by UDP before it is asked about again.
@@ -86,6 +88,26 @@ pub(crate) struct LocalLink {
     /// Kicks that woke another process's progress thread (or this one's):
     /// `rxe-emu stat`'s `inbox_kicks`.
     kicks: AtomicU64,
+    /// Placement (`local_link::place`) is on: this process publishes its
+    /// MRs and responders and places WRITE ONLY payloads into peers.
+    /// `RXE_EMU_PLACEMENT=off` turns it off.
+    placement: bool,
+    /// Bit `s`: the process in slot `s` cannot be placed into (it offers
+    /// no placement, or we have no ptrace rights over it).
+    no_place: AtomicU64,
+    /// WRITE payloads placed into peers: `rxe-emu stat`'s `placed_writes`.
+    placed: AtomicU64,
+    /// The engine's [`Engine::qp_errors`] when this process's responders
+    /// were last published all together.
+    qp_errors_seen: AtomicU64,
+}
+
+impl Drop for LocalLink {
+    fn drop(&mut self) {
+        // Our memory may go once the device is closed: no producer may
+        // still be writing into it.
+        self.own.withdraw_placement();
+    }
 }
 
 /// What one [`LocalLink::send`] did.
@@ -101,6 +123,8 @@ pub(crate) struct Sent {
 impl LocalLink {
     pub(crate) fn new(own: Inbox, slot: usize, daemon: PathBuf, device: String) -> LocalLink {
         let own = Arc::new(own);
+        let placement =
+            std::env::var("RXE_EMU_PLACEMENT").as_deref() != Ok("off") && own.offer_placement();
         let mut peers = HashMap::new();
         peers.insert(slot, Peer::Inbox(own.clone()));
         LocalLink {
@@ -112,7 +136,114 @@ impl LocalLink {
             pending: Mutex::new(Pending::default()),
             any_pending: AtomicBool::new(false),
             kicks: AtomicU64::new(0),
+            placement,
+            no_place: AtomicU64::new(0),
+            placed: AtomicU64::new(0),
+            qp_errors_seen: AtomicU64::new(0),
         }
+    }
+
+    /// WRITE payloads placed into peers so far (`placed_writes`).
+    pub(crate) fn placed(&self) -> u64 {
+        self.placed.load(Ordering::Relaxed)
+    }
+
+    /// Publish MR `mr` for placement if peers may write it (remote write,
+    /// not on-demand paging, whose pages need not be there).
+    pub(crate) fn publish_mr(&self, mr: &rxe_core::mr::Mr) {
+        use rxe_core::AccessFlags;
+        if self.placement
+            && mr.access.contains(AccessFlags::REMOTE_WRITE)
+            && !mr.access.contains(AccessFlags::ON_DEMAND)
+        {
+            self.own.publish_mr(&PlaceableMr {
+                rkey: mr.rkey,
+                pd: mr.pd.0,
+                iova: mr.iova,
+                len: mr.length,
+                host_addr: mr.host_addr,
+            });
+        }
+    }
+
+    /// `rkey` is about to be deregistered or changed: returns once no
+    /// peer can still be placing into it.
+    pub(crate) fn unpublish_mr(&self, rkey: u32) {
+        if self.placement {
+            self.own.unpublish_mr(rkey);
+        }
+    }
+
+    /// Publish whether QP `qpn`'s responder would execute a WRITE ONLY
+    /// now (after each packet for it and each change of it).
+    pub(crate) fn publish_qp(&self, e: &Engine<HostMemory>, qpn: u32) {
+        if !self.placement || (qpn >> 16) as usize != self.slot {
+            return;
+        }
+        let view = e.write_target(qpn).map(|(pd, epsn)| PlaceableQp {
+            qpn,
+            pd: pd.0,
+            epsn: epsn.value(),
+        });
+        self.own.publish_qp(qpn, view.as_ref());
+    }
+
+    /// Called after the engine ran: if a QP entered ERR by itself (a
+    /// retry count exceeded, say), publish every responder again, so no
+    /// peer places a WRITE for a QP that will drop it.
+    pub(crate) fn publish_after_errors(&self, e: &Engine<HostMemory>) {
+        if !self.placement {
+            return;
+        }
+        let n = e.qp_errors();
+        if self.qp_errors_seen.swap(n, Ordering::Relaxed) != n {
+            for qpn in e.qp_numbers() {
+                self.publish_qp(e, qpn);
+            }
+        }
+    }
+
+    /// After the engine handled `datagram` from this process's inbox:
+    /// publish its destination QP's responder again.
+    pub(crate) fn publish_responder(&self, e: &Engine<HostMemory>, datagram: &[u8]) {
+        if let Some(b) = datagram.get(5..8) {
+            self.publish_qp(e, u32::from_be_bytes([0, b[0], b[1], b[2]]));
+        }
+    }
+
+    /// Push `t` into `inbox` of slot `slot`, placing its payload first if
+    /// it is a WRITE ONLY's first transmission that the peer's tables
+    /// accept (`place`: nothing in the way, such as fault injection).
+    fn push(&self, inbox: &Inbox, slot: usize, t: &Transmit, place: bool) -> Result<(), PushError> {
+        let tos = t.ecn.tos(t.dscp);
+        let write = place
+            && self.placement
+            && t.fresh
+            && t.payload.first() == Some(&wire::Opcode::RC_RDMA_WRITE_ONLY.0)
+            && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0;
+        let parsed = write
+            .then(|| wire::PacketRepr::parse(&t.payload).ok())
+            .flatten();
+        let Some((pkt, reth)) = parsed.and_then(|p| p.reth.map(|r| (p, r))) else {
+            return inbox.push(self.slot, t.info.src_port, tos, &t.payload);
+        };
+        let p = Placement {
+            qpn: pkt.bth.dest_qpn,
+            psn: pkt.bth.psn.value(),
+            rkey: reth.rkey,
+            va: reth.va,
+            data: pkt.payload,
+        };
+        match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p)? {
+            Ok(_) => {
+                self.placed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(PlaceError::Refused) => {
+                self.no_place.fetch_or(1 << slot, Ordering::Relaxed);
+            }
+            Err(PlaceError::NotNow | PlaceError::Fault) => {}
+        }
+        Ok(())
     }
 
     /// Kicks so far that woke a sleeping thread (`inbox_kicks`).
@@ -159,6 +290,7 @@ impl LocalLink {
 
     /// Stop using `slot`'s inbox (closed or inconsistent).
     fn forget(&self, slot: usize, now: Instant, retry_now: bool) {
+        self.no_place.fetch_and(!(1 << slot), Ordering::Relaxed);
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if retry_now {
             peers.remove(&slot);
@@ -180,6 +312,7 @@ impl LocalLink {
         ts: Vec<Transmit>,
         addr: std::net::IpAddr,
         now: Instant,
+        place: bool,
         mut sent: impl FnMut(&Transmit),
     ) -> Sent {
         let mut out = Sent::default();
@@ -246,7 +379,7 @@ impl LocalLink {
                         }
                     },
                 };
-                match inbox.push(self.slot, t.info.src_port, t.ecn.tos(t.dscp), &t.payload) {
+                match self.push(&inbox, slot, &t, place) {
                     Ok(()) => {
                         sent(&t);
                         pending.kick_later(&inbox);

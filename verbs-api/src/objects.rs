@@ -142,6 +142,7 @@ impl ProtectionDomain {
         let len = buf.len() as u64;
         self.dev.inner.check_alive()?;
         let mr = self.dev.inner.lock().reg_mr(self.h, addr, len, access)?;
+        self.dev.inner.publish_mr(&mr);
         Ok(MemoryRegion {
             dev: self.dev.clone(),
             lkey: mr.lkey,
@@ -180,6 +181,7 @@ impl ProtectionDomain {
             e.mem_mut().add_odp(mr.lkey, addr, len);
         }
         drop(e);
+        self.dev.inner.publish_mr(&mr);
         Ok(MemoryRegion {
             dev: self.dev.clone(),
             lkey: mr.lkey,
@@ -471,13 +473,25 @@ impl MemoryRegion<'static> {
         access: Option<AccessFlags>,
     ) -> Result<()> {
         self.dev.inner.check_alive()?;
+        // No peer may be writing the old range (or with the old rights)
+        // once this returns; on error it is published again as it was.
+        self.dev.inner.unpublish_mr(self.rkey);
         let mut e = self.dev.inner.lock();
-        let mr = e.rereg_mr(self.lkey, pd.map(|p| p.h), range, access)?;
+        let mr = match e.rereg_mr(self.lkey, pd.map(|p| p.h), range, access) {
+            Ok(mr) => mr,
+            Err(err) => {
+                if let Some(old) = e.mr(self.lkey) {
+                    self.dev.inner.publish_mr(old);
+                }
+                return Err(err.into());
+            }
+        };
         e.mem_mut().remove_odp(mr.lkey);
         if mr.access.contains(AccessFlags::ON_DEMAND) {
             e.mem_mut().add_odp(mr.lkey, mr.host_addr, mr.length);
         }
         drop(e);
+        self.dev.inner.publish_mr(&mr);
         self.addr = mr.iova;
         self.host = mr.host_addr;
         self.len = mr.length;
@@ -489,11 +503,15 @@ impl<'a> MemoryRegion<'a> {
     /// `ibv_dereg_mr` with its error: refused (and the region handed
     /// back) while memory windows are bound to it.
     pub fn close(mut self) -> std::result::Result<(), (Self, Error)> {
+        self.dev.inner.unpublish_mr(self.rkey);
         let r = {
             let mut e = self.dev.inner.lock();
             let r = e.dereg_mr(self.lkey);
             if r.is_ok() {
                 e.mem_mut().remove_odp(self.lkey);
+            } else if let Some(mr) = e.mr(self.lkey) {
+                // Still registered (windows are bound to it).
+                self.dev.inner.publish_mr(mr);
             }
             r
         };
@@ -512,6 +530,7 @@ impl Drop for MemoryRegion<'_> {
         // Work still in flight that names this key fails its key check
         // (LOC_PROT_ERR / REM_ACCESS_ERR); it never touches the buffer again.
         if !self.closed && self.owned {
+            self.dev.inner.unpublish_mr(self.rkey);
             let mut e = self.dev.inner.lock();
             if e.dereg_mr(self.lkey).is_ok() {
                 e.mem_mut().remove_odp(self.lkey);
@@ -776,7 +795,9 @@ impl QueuePair {
         self.dev.inner.catch_up();
         let now = self.dev.inner.now();
         let mut e = self.dev.inner.lock();
-        e.modify_qp(now, self.qpn, attr, mask)?;
+        let r = e.modify_qp(now, self.qpn, attr, mask);
+        self.dev.inner.publish_qp(&e, self.qpn);
+        r?;
         self.dev.inner.flush(&mut e);
         Ok(())
     }
@@ -887,6 +908,7 @@ impl Drop for QueuePair {
             self.dev.inner.leave_mcast(gid);
         }
         let _ = e.destroy_qp(self.qpn);
+        self.dev.inner.publish_qp(&e, self.qpn);
         // Responses a poll held back leave now (the peer waits for them).
         self.dev.inner.flush(&mut e);
     }

@@ -1254,10 +1254,13 @@ fn a_write_to_a_process_that_stopped_polling_is_placed_after_a_kick_of_its_inbox
     connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
     connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
     let (a_slot, b_slot) = (a.qp.qpn() >> 16, b.qp.qpn() >> 16);
-    // A: 64 bytes to WRITE, then 64 that receive B's SEND.
-    let mut src = vec![0u8; 128];
+    // A: 2048 bytes to WRITE, then 64 that receive B's SEND. At path MTU
+    // 1024 the WRITE is two packets: a sender places only a WRITE ONLY's
+    // payload itself (see the next test), so B's device must place this.
+    const W: usize = 2048;
+    let mut src = vec![0u8; W + 64];
     let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
-    let mut dst = vec![0u8; 64];
+    let mut dst = vec![0u8; W];
     let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
     let stat = |path: &Path| emulator_daemon::client::request(path, "STAT rxe0").unwrap();
     // A round is clean when nothing else woke B's progress thread in it
@@ -1268,10 +1271,10 @@ fn a_write_to_a_process_that_stopped_polling_is_placed_after_a_kick_of_its_inbox
     let mut last = String::new();
     let mut rounds = Vec::new();
     for round in 1..=20u8 {
-        amr.write(0, &[round; 64]).unwrap();
+        amr.write(0, &[round; W]).unwrap();
         a.qp.post_recv(RecvWr {
             wr_id: 1,
-            sg_list: vec![amr.sge(64, 64)],
+            sg_list: vec![amr.sge(W as u64, 64)],
         })
         .unwrap();
         // B polls (an empty CQ) before, while and after the daemon asks
@@ -1306,14 +1309,14 @@ fn a_write_to_a_process_that_stopped_polling_is_placed_after_a_kick_of_its_inbox
                 remote_addr: bmr.addr(),
                 rkey: bmr.rkey(),
             },
-            vec![amr.sge(0, 64)],
+            vec![amr.sge(0, W as u32)],
         ))
         .unwrap();
         // Only B's progress thread can place the WRITE: B makes no call
         // that drives its device (reading the region only takes its lock).
         let start = Instant::now();
-        let mut seen = [0u8; 64];
-        while seen != [round; 64] {
+        let mut seen = [0u8; W];
+        while seen != [round; W] {
             assert!(start.elapsed() < WAIT, "the WRITE was never placed");
             bmr.read(0, &mut seen).unwrap();
             std::thread::sleep(Duration::from_micros(100));
@@ -1337,6 +1340,74 @@ fn a_write_to_a_process_that_stopped_polling_is_placed_after_a_kick_of_its_inbox
         "in no round did B's poll leave its progress thread asleep and A's WRITE kick it \
          (B's wake requests, A's kicks per round: {rounds:?})\n{last}"
     );
+}
+
+#[test]
+fn a_write_only_to_another_slot_of_the_device_is_placed_by_its_sender() {
+    let d = Daemon::start("place", "rxe0=127.0.21.17", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a_slot, b_slot) = (a.qp.qpn() >> 16, b.qp.qpn() >> 16);
+    let pattern = pattern(4096, 9);
+    let mut src = pattern.clone();
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 4096];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let placed = |stat: &str| slot_stat_value(stat, a_slot, "placed_writes");
+    let base = bmr.addr();
+    let write = |id: u64, at: u64, len: u32, rkey: u32| {
+        a.qp.post_send(SendWr::new(
+            id,
+            SendOp::RdmaWrite {
+                remote_addr: base + at,
+                rkey,
+            },
+            vec![amr.sge(at, len)],
+        ))
+        .unwrap();
+        let wc = a.cq.wait(1, WAIT).unwrap();
+        assert_eq!(wc[0].wr_id, id);
+        wc[0].status
+    };
+    // One WRITE at a time, each acknowledged before the next: B's
+    // responder has published its next PSN before A sees the ACK, so each
+    // WRITE ONLY is placed by A (the counter says so), and checked and
+    // acknowledged by B's engine, which does not copy it again.
+    let before = ask("STAT rxe0");
+    for i in 0..16u64 {
+        assert_eq!(write(i, i * 64, 64, bmr.rkey()), WcStatus::Success);
+    }
+    // Two packets (path MTU 1024): not a WRITE ONLY, B places it.
+    assert_eq!(write(16, 1024, 2048, bmr.rkey()), WcStatus::Success);
+    let after = ask("STAT rxe0");
+    assert_eq!(placed(&after) - placed(&before), 16, "{after}");
+    assert_eq!(slot_stat_value(&after, b_slot, "placed_refused"), 0);
+    let mut got = vec![0u8; 4096];
+    bmr.read(0, &mut got).unwrap();
+    assert_eq!(&got[..1024], &pattern[..1024]);
+    assert_eq!(&got[1024..3072], &pattern[1024..3072]);
+
+    // Under fault injection a packet may be dropped, duplicated or held
+    // back after it left: nothing is placed.
+    assert!(ask("FAULT rxe0 delay_ns=1000 seed=1").contains("2 of 2 processes applied it"));
+    assert_eq!(write(20, 3072, 64, bmr.rkey()), WcStatus::Success);
+    assert!(ask("FAULT rxe0 seed=1").contains("2 of 2 processes applied it"));
+    let faulted = ask("STAT rxe0");
+    assert_eq!(placed(&faulted), placed(&after), "{faulted}");
+    assert_eq!(write(21, 3136, 64, bmr.rkey()), WcStatus::Success);
+    assert_eq!(placed(&ask("STAT rxe0")), placed(&after) + 1);
+
+    // B deregisters its MR: A's next WRITE with that key fails at B's
+    // responder and nothing is written into what was B's MR.
+    let rkey = bmr.rkey();
+    drop(bmr);
+    let untouched = dst.clone();
+    assert_eq!(write(30, 0, 64, rkey), WcStatus::RemAccessErr);
+    assert_eq!(dst, untouched);
+    assert_eq!(placed(&ask("STAT rxe0")), placed(&after) + 1);
 }
 
 /// The IPv4-mapped GID of `ip`.
