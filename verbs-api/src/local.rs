@@ -262,6 +262,11 @@ impl LocalLink {
         (slot != 0 && slot < self.own.rings()).then_some(slot)
     }
 
+    /// Whether `t` takes this path (if the slot it goes to has an inbox).
+    pub(crate) fn takes(&self, t: &Transmit, addr: std::net::IpAddr) -> bool {
+        self.dest_slot(t, addr).is_some()
+    }
+
     /// The inbox of `slot`, asking the daemon if not known (or closed).
     fn inbox(&self, slot: usize, now: Instant) -> Option<Arc<Inbox>> {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());

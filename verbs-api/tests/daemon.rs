@@ -1410,6 +1410,56 @@ fn a_write_only_to_another_slot_of_the_device_is_placed_by_its_sender() {
     assert_eq!(placed(&ask("STAT rxe0")), placed(&after) + 1);
 }
 
+#[test]
+fn posts_of_an_application_that_is_active_do_not_wake_its_progress_thread() {
+    let d = Daemon::start("tick", "rxe0=127.0.21.18", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let b_slot = b.qp.qpn() >> 16;
+    let mut src = vec![7u8; 64];
+    let bmr = b.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 64];
+    let amr = a.pd.reg_mr(&mut dst, ALL).unwrap();
+    let stat = || emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    let write = || {
+        b.qp.post_send(SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: amr.addr(),
+                rkey: amr.rkey(),
+            },
+            vec![bmr.sge(0, 64)],
+        ))
+        .unwrap();
+        // Polled, not waited for on a channel: B's application stays
+        // active, and its last poll says it may stop polling.
+        let start = Instant::now();
+        loop {
+            let wc = b.cq.poll(1).unwrap();
+            if let Some(w) = wc.first() {
+                assert_eq!(w.status, WcStatus::Success);
+                break;
+            }
+            assert!(start.elapsed() < WAIT);
+        }
+    };
+    write();
+    let before = stat();
+    // Each post arms a retransmission timer (67 ms) while B's progress
+    // thread sleeps; it sleeps at most 10 ms after B's last post, so no
+    // post needs to wake it (each did before: 20 of 20).
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(2));
+        write();
+    }
+    let after = stat();
+    let woken = slot_stat_value(&after, b_slot, "wake_requests")
+        - slot_stat_value(&before, b_slot, "wake_requests");
+    assert!(woken < 5, "{woken} wake requests in 20 posts\n{after}");
+}
+
 /// The IPv4-mapped GID of `ip`.
 fn gid_of(ip: [u8; 4]) -> [u8; 16] {
     let mut g = [0u8; 16];
