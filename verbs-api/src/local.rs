@@ -205,8 +205,20 @@ impl LocalLink {
 
     /// After the engine handled `datagram` from this process's inbox:
     /// publish its destination QP's responder again.
+    /// Only the first and last packet of a request can change whether a
+    /// WRITE ONLY would be executed at once (a message starts or ends);
+    /// responses and middle packets are skipped, which saves a lookup
+    /// per packet of a stream (a fault in them moves the QP to ERR, which
+    /// [`LocalLink::publish_after_errors`] catches).
     pub(crate) fn publish_responder(&self, e: &Engine<HostMemory>, datagram: &[u8]) {
-        if let Some(b) = datagram.get(5..8) {
+        use wire::OpFlags;
+        let edge = datagram
+            .first()
+            .and_then(|&op| wire::Opcode(op).info())
+            .is_some_and(|i| {
+                i.flags.contains(OpFlags::REQ) && i.flags.intersects(OpFlags::START | OpFlags::END)
+            });
+        if let (true, Some(b)) = (edge, datagram.get(5..8)) {
             self.publish_qp(e, u32::from_be_bytes([0, b[0], b[1], b[2]]));
         }
     }
