@@ -62,6 +62,11 @@ pub struct DeviceInfo {
     /// Congestion-control parameters that differ from the defaults, in
     /// `CcParams::specs` order (`rxe-emu cc set`).
     pub cc_params: Vec<(String, u32)>,
+    /// The daemon serves other users too (`--any-user`): the device's
+    /// shared memory is then writable by processes of other users, so its
+    /// processes must not trust each other's placement tables
+    /// (`local_link`'s placement is off).
+    pub any_user: bool,
 }
 
 impl DeviceInfo {
@@ -88,6 +93,9 @@ impl DeviceInfo {
                 .map(|(k, v)| format!("{k}:{v}"))
                 .collect();
             l += &format!(" cc={}", kv.join(","));
+        }
+        if self.any_user {
+            l += " any_user=1";
         }
         l
     }
@@ -147,6 +155,7 @@ impl DeviceInfo {
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| format!("rxe-emud reply has a bad cc={list}: {line:?}"))?,
             },
+            any_user: get.get("any_user") == Some(&"1"),
         })
     }
 }
@@ -168,8 +177,15 @@ mod tests {
             key_seed: 77,
             like: rxe_core::Like::default(),
             cc_params: Vec::new(),
+            any_user: false,
         };
         assert_eq!(DeviceInfo::from_line(&d.to_line()).unwrap(), d);
+        let shared = DeviceInfo {
+            any_user: true,
+            ..d.clone()
+        };
+        assert!(shared.to_line().ends_with(" any_user=1"));
+        assert_eq!(DeviceInfo::from_line(&shared.to_line()).unwrap(), shared);
         // A kernel-rxe-like device's reply is what it always was.
         assert!(!d.to_line().contains("like=") && !d.to_line().contains("cc="));
         let mlx5 = DeviceInfo {

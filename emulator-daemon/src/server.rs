@@ -1213,6 +1213,7 @@ impl Server {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
+            any_user: self.cfg.any_user,
         };
         // The slot's inbox for the same-host path, new for each owner (a
         // sender still holding the last owner's sees it closed).

@@ -42,6 +42,13 @@
 //! or the consumer sees the counter odd and waits: both sides use
 //! sequentially consistent fences between their store and their load.
 //!
+//! **Who may write the tables.** Every process of the device maps every
+//! inbox writable (it produces into its ring there), so the tables are
+//! only as trustworthy as those processes: a process of the same user
+//! could write the consumer's memory directly anyway, but one of another
+//! user could steer a producer's write elsewhere in the consumer. The
+//! driver therefore places only where the daemon serves a single user.
+//!
 //! **Whose memory.** The consumer publishes its process ID and PID
 //! namespace; a producer in another namespace does not place. A consumer
 //! that closes its device withdraws placement first

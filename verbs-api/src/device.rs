@@ -1826,6 +1826,7 @@ impl Device {
                 info.slot as usize,
                 path.clone(),
                 info.name.clone(),
+                !info.any_user,
             )),
             Err(e) => {
                 eprintln!(

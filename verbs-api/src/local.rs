@@ -121,10 +121,21 @@ pub(crate) struct Sent {
 }
 
 impl LocalLink {
-    pub(crate) fn new(own: Inbox, slot: usize, daemon: PathBuf, device: String) -> LocalLink {
+    /// `trusted`: only processes of this user can write the device's
+    /// inboxes (the daemon serves no other user). Otherwise placement is
+    /// off both ways: another user's process could forge the tables a
+    /// sender acts on, and make it write elsewhere into a process of ours.
+    pub(crate) fn new(
+        own: Inbox,
+        slot: usize,
+        daemon: PathBuf,
+        device: String,
+        trusted: bool,
+    ) -> LocalLink {
         let own = Arc::new(own);
-        let placement =
-            std::env::var("RXE_EMU_PLACEMENT").as_deref() != Ok("off") && own.offer_placement();
+        let placement = trusted
+            && std::env::var("RXE_EMU_PLACEMENT").as_deref() != Ok("off")
+            && own.offer_placement();
         let mut peers = HashMap::new();
         peers.insert(slot, Peer::Inbox(own.clone()));
         LocalLink {

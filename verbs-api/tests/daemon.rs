@@ -1460,6 +1460,39 @@ fn posts_of_an_application_that_is_active_do_not_wake_its_progress_thread() {
     assert!(woken < 5, "{woken} wake requests in 20 posts\n{after}");
 }
 
+#[test]
+fn a_daemon_that_serves_other_users_lets_no_process_place_into_another() {
+    // Another user's process could write the placement tables of the
+    // device's inboxes, and steer a sender's write: no placement at all.
+    let d = Daemon::start_for("anyplace", "rxe0=127.0.21.19", 8, true);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let mut src = vec![5u8; 64];
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 64];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    for i in 0..4 {
+        a.qp.post_send(SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: bmr.addr(),
+                rkey: bmr.rkey(),
+            },
+            vec![amr.sge(0, 64)],
+        ))
+        .unwrap();
+        assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+    }
+    let stat = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    assert_eq!(stat_value(&stat, "placed_writes"), 0, "{stat}");
+    assert_eq!(stat_value(&stat, "sent_inbox_pkts"), 8, "{stat}");
+    let mut got = [0u8; 64];
+    bmr.read(0, &mut got).unwrap();
+    assert_eq!(got, [5u8; 64]);
+}
+
 /// The IPv4-mapped GID of `ip`.
 fn gid_of(ip: [u8; 4]) -> [u8; 16] {
     let mut g = [0u8; 16];
