@@ -72,6 +72,12 @@ impl Pending {
     }
 }
 
+/// The BTH destination QP of a RoCEv2 UDP payload (bytes 5..8).
+fn dest_qpn(payload: &[u8]) -> Option<u32> {
+    let b = payload.get(5..8)?;
+    Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
+}
+
 pub(crate) struct LocalLink {
     /// This process's inbox (it consumes it; it also produces into its
     /// own ring of it for its own QPs).
@@ -207,7 +213,10 @@ impl LocalLink {
             return;
         }
         let n = e.qp_errors();
-        if self.qp_errors_seen.swap(n, Ordering::Relaxed) != n {
+        // A load first: this runs at every flush, and nearly always
+        // nothing changed.
+        if self.qp_errors_seen.load(Ordering::Relaxed) != n {
+            self.qp_errors_seen.store(n, Ordering::Relaxed);
             for qpn in e.qp_numbers() {
                 self.publish_qp(e, qpn);
             }
@@ -229,8 +238,8 @@ impl LocalLink {
             .is_some_and(|i| {
                 i.flags.contains(OpFlags::REQ) && i.flags.intersects(OpFlags::START | OpFlags::END)
             });
-        if let (true, Some(b)) = (edge, datagram.get(5..8)) {
-            self.publish_qp(e, u32::from_be_bytes([0, b[0], b[1], b[2]]));
+        if let (true, Some(qpn)) = (edge, dest_qpn(datagram)) {
+            self.publish_qp(e, qpn);
         }
     }
 
@@ -279,9 +288,7 @@ impl LocalLink {
         if t.info.dst != addr || t.info.dst_port != wire::ROCEV2_UDP_PORT {
             return None;
         }
-        let b = t.payload.get(5..8)?;
-        let qpn = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-        let slot = (qpn >> 16) as usize;
+        let slot = (dest_qpn(&t.payload)? >> 16) as usize;
         (slot != 0 && slot < self.own.rings()).then_some(slot)
     }
 
