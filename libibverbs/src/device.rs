@@ -8,7 +8,7 @@
 //! `RXE_EMU_AUTOSTART=0`. With `RXE_EMU_MODE=inprocess` there is one
 //! device inside the process, on `$RXE_EMU_ADDR` (default 127.0.0.1).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -265,9 +265,9 @@ pub unsafe extern "C" fn rxe_ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
 /// Objects of a context that asynchronous and completion events name.
 #[derive(Default)]
 pub struct Registry {
-    pub qps: HashMap<u32, usize>,
-    pub cqs: HashMap<u32, usize>,
-    pub srqs: HashMap<u32, usize>,
+    pub qps: FxHashMap<u32, usize>,
+    pub cqs: FxHashMap<u32, usize>,
+    pub srqs: FxHashMap<u32, usize>,
 }
 
 /// An open device: `verbs_context` (with `ibv_context` at its end) first.

@@ -1,7 +1,8 @@
 //! The engine: object tables, the verbs-level calls, and the I/O surface
 //! (`handle_datagram`, `poll_transmit`, `poll_timeout`, `handle_timeout`).
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use wire::icrc::IpUdpInfo;
@@ -203,9 +204,9 @@ pub(crate) struct Ah {
 pub(crate) struct Ctx<M> {
     pub mem: M,
     pub keys: KeyTable,
-    pub cqs: HashMap<CqHandle, Cq>,
-    pub srqs: HashMap<SrqHandle, Srq>,
-    pub ahs: HashMap<AhHandle, Ah>,
+    pub cqs: FxHashMap<CqHandle, Cq>,
+    pub srqs: FxHashMap<SrqHandle, Srq>,
+    pub ahs: FxHashMap<AhHandle, Ah>,
     pub out: VecDeque<Transmit>,
     /// QPs with a READ reply under way, served in turn by `poll_transmit`
     /// once `out` is empty.
@@ -223,19 +224,19 @@ pub(crate) struct Ctx<M> {
 
 /// The transport engine of one device. See the crate documentation.
 pub struct Engine<M: Memory> {
-    pub(crate) qps: HashMap<u32, Qp>,
+    pub(crate) qps: FxHashMap<u32, Qp>,
     /// Every QP's earliest deadline, ordered: `poll_timeout` and
     /// `handle_timeout` cost O(log n), not a scan of all QPs. Updated at the
     /// end of each entry point that can change a QP's deadlines.
     timers: std::collections::BTreeSet<(Instant, u32)>,
     pub(crate) ctx: Ctx<M>,
-    pds: HashMap<PdHandle, u32>,
+    pds: FxHashMap<PdHandle, u32>,
     next_handle: u32,
     next_qpn: u32,
     /// Multicast groups and the UD QPs attached to each.
     pub(crate) mcast: crate::mcast::Groups,
     /// XRC domains and how many XRC SRQs and target QPs use each.
-    xrcds: HashMap<crate::XrcdHandle, u32>,
+    xrcds: FxHashMap<crate::XrcdHandle, u32>,
 }
 
 /// The IP address a GID stands for on RoCEv2: IPv4-mapped GIDs are IPv4,
@@ -378,15 +379,15 @@ impl<M: Memory> Engine<M> {
             .filter(|q| (lo..=hi).contains(q))
             .unwrap_or(lo);
         Engine {
-            qps: HashMap::new(),
+            qps: FxHashMap::default(),
             timers: std::collections::BTreeSet::new(),
             ctx: Ctx {
                 mem,
                 keys: KeyTable::with_space(seed, cfg.key_space)
                     .with_local_rkey_zero(!cfg.release.local_mr_rkey_is_lkey()),
-                cqs: HashMap::new(),
-                srqs: HashMap::new(),
-                ahs: HashMap::new(),
+                cqs: FxHashMap::default(),
+                srqs: FxHashMap::default(),
+                ahs: FxHashMap::default(),
                 out: VecDeque::new(),
                 events: VecDeque::new(),
                 notify: VecDeque::new(),
@@ -397,11 +398,11 @@ impl<M: Memory> Engine<M> {
                 counters: Counters::default(),
                 cfg,
             },
-            pds: HashMap::new(),
+            pds: FxHashMap::default(),
             next_handle: 1,
             next_qpn,
             mcast: crate::mcast::Groups::default(),
-            xrcds: HashMap::new(),
+            xrcds: FxHashMap::default(),
         }
     }
 

@@ -11,7 +11,7 @@
 //! passes is handed to [`crate::mem::Memory`].
 
 use bitflags::bitflags;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fmt;
 
 use crate::PdHandle;
@@ -257,8 +257,8 @@ pub struct BindError(pub String);
 /// All MRs and MWs of one device.
 #[derive(Debug, Default)]
 pub struct KeyTable {
-    mrs: HashMap<u32, Mr>,
-    mws: HashMap<u32, Mw>,
+    mrs: FxHashMap<u32, Mr>,
+    mws: FxHashMap<u32, Mw>,
     next_mr_index: u32,
     next_mw_index: u32,
     key_state: u64,
@@ -297,8 +297,8 @@ impl KeyTable {
     /// An empty table allocating from `space`.
     pub fn with_space(seed: u64, space: KeySpace) -> Self {
         KeyTable {
-            mrs: HashMap::new(),
-            mws: HashMap::new(),
+            mrs: FxHashMap::default(),
+            mws: FxHashMap::default(),
             next_mr_index: space.mr_first,
             next_mw_index: space.mw_first,
             key_state: seed | 1,

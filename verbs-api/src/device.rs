@@ -1,7 +1,7 @@
 //! The in-process device: one engine, a UDP socket on `<addr>:4791`, and a
 //! progress thread that feeds it packets and timers.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -260,7 +260,7 @@ pub(crate) struct Inner {
     pub event_tx: UnixDatagram,
     pub event_rx: UnixDatagram,
     /// Completion channel of each CQ created with one.
-    pub channels: Mutex<HashMap<rxe_core::CqHandle, Arc<ChannelTx>>>,
+    pub channels: Mutex<FxHashMap<rxe_core::CqHandle, Arc<ChannelTx>>>,
     pub cfg: DeviceConfig,
     pub mtu: Mtu,
     socket: UdpSocket,
@@ -272,7 +272,7 @@ pub(crate) struct Inner {
     /// arming a CQ, by the progress thread within [`APP_POLL_GRACE`] to
     /// [`MAX_SPIN_WAIT`] (the longer it had polled, the later).
     deferred: Mutex<Vec<Transmit>>,
-    senders: Mutex<HashMap<u16, Option<UdpSocket>>>,
+    senders: Mutex<FxHashMap<u16, Option<UdpSocket>>>,
     /// One socket per multicast group a QP of this device is attached to,
     /// bound to the group's address and port 4791 and joined on the
     /// device's interface. Every socket so bound on the host gets its own
@@ -914,7 +914,7 @@ impl Inner {
     /// retried per packet, and its datagrams leave from 4791).
     fn sender_fd(
         &self,
-        senders: &mut HashMap<u16, Option<UdpSocket>>,
+        senders: &mut FxHashMap<u16, Option<UdpSocket>>,
         t: &mut Transmit,
     ) -> std::os::fd::RawFd {
         let port = t.info.src_port;
@@ -1877,14 +1877,14 @@ impl Device {
         let faults = cfg.fault.map(Faults::new);
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(ecfg, HostMemory::default())),
-            channels: Mutex::new(HashMap::new()),
+            channels: Mutex::new(FxHashMap::default()),
             events: Mutex::new(std::collections::VecDeque::new()),
             event_tx,
             event_rx,
             cfg,
             mtu,
             socket,
-            senders: Mutex::new(HashMap::new()),
+            senders: Mutex::new(FxHashMap::default()),
             mcast: Mutex::new(Vec::new()),
             mcast_on: AtomicBool::new(false),
             faults_on: AtomicBool::new(faults.is_some()),

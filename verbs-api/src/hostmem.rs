@@ -1,7 +1,7 @@
 //! The engine's memory backend for an in-process device: process virtual
 //! addresses. This is the only module of the crate with `unsafe` code.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rxe_core::mem::{AtomicOp, Memory, MemoryFault};
@@ -26,7 +26,7 @@ use rxe_core::mem::{AtomicOp, Memory, MemoryFault};
 #[derive(Debug, Default)]
 pub struct HostMemory {
     /// On-demand-paging ranges `[start, end)` by the lkey of their MR.
-    odp: HashMap<u32, (u64, u64)>,
+    odp: FxHashMap<u32, (u64, u64)>,
     /// The payload of the packet being handled is already at this address
     /// (address, length): a sender on this host placed it there
     /// (`local_link::Inbox::place`).

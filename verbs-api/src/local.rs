@@ -18,7 +18,8 @@
 //! conversation may take UDP and the rest the inbox: they can overtake
 //! each other once, as on any network.
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,7 +47,7 @@ enum Peer {
 #[derive(Default)]
 struct Pending {
     /// Per destination slot, in order: datagrams its full inbox refused.
-    queues: HashMap<usize, VecDeque<Transmit>>,
+    queues: FxHashMap<usize, VecDeque<Transmit>>,
     bytes: usize,
     /// The inboxes written by the current `send`, to kick once each at its
     /// end (kept here so a flush allocates nothing).
@@ -86,7 +87,7 @@ pub(crate) struct LocalLink {
     slot: usize,
     daemon: PathBuf,
     device: String,
-    peers: Mutex<HashMap<usize, Peer>>,
+    peers: Mutex<FxHashMap<usize, Peer>>,
     pending: Mutex<Pending>,
     /// `pending.bytes > 0`, readable without the lock (the progress loop
     /// and every flush ask).
@@ -142,7 +143,7 @@ impl LocalLink {
         let placement = trusted
             && std::env::var("RXE_EMU_PLACEMENT").as_deref() != Ok("off")
             && own.offer_placement();
-        let mut peers = HashMap::new();
+        let mut peers = FxHashMap::default();
         peers.insert(slot, Peer::Inbox(own.clone()));
         LocalLink {
             own,
