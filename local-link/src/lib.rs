@@ -411,13 +411,26 @@ impl Inbox {
         if active == 0 {
             return None;
         }
+        // Only the rings marked active are looked at, from ring `start`
+        // (the one after the ring served last) on, in turn: bit k of `todo`
+        // is ring (start + k) % n.
         let n = self.layout.rings;
         let start = self.cursor.load(Relaxed) % n;
-        for k in 0..n {
-            let ring = (start + k) % n;
-            if active & (1 << ring) == 0 {
-                continue;
-            }
+        let mask = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let active = active & mask;
+        let mut todo = if start == 0 {
+            active
+        } else {
+            ((active >> start) | (active << (n - start))) & mask
+        };
+        while todo != 0 {
+            let k = todo.trailing_zeros() as usize;
+            todo &= todo - 1;
+            let ring = if start + k >= n {
+                start + k - n
+            } else {
+                start + k
+            };
             if let Some(p) = self.pop_ring(ring, buf) {
                 self.cursor.store(ring + 1, Relaxed);
                 return Some(p);
