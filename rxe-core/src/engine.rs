@@ -208,6 +208,9 @@ pub(crate) struct Ctx<M> {
     pub srqs: FxHashMap<SrqHandle, Srq>,
     pub ahs: FxHashMap<AhHandle, Ah>,
     pub out: VecDeque<Transmit>,
+    /// Packet buffers handed back by the driver (`Engine::recycle`), for
+    /// the next packets: no allocation and no zeroing per packet.
+    pub spare: crate::tx::Spare,
     /// QPs with a READ reply under way, served in turn by `poll_transmit`
     /// once `out` is empty.
     pub read_ready: VecDeque<u32>,
@@ -389,6 +392,7 @@ impl<M: Memory> Engine<M> {
                 srqs: FxHashMap::default(),
                 ahs: FxHashMap::default(),
                 out: VecDeque::new(),
+                spare: crate::tx::Spare::default(),
                 events: VecDeque::new(),
                 notify: VecDeque::new(),
                 read_ready: VecDeque::new(),
@@ -1776,6 +1780,14 @@ impl<M: Memory> Engine<M> {
         if let Some(qpn) = crate::recv::handle(self, now, dg) {
             self.reindex(qpn);
         }
+    }
+
+    /// Hand back a sent packet's bytes (`Transmit::payload`) for the
+    /// packets still to come. Optional: a driver that drops them instead
+    /// costs an allocation per packet, nothing else. Its bytes are
+    /// overwritten before they are sent again.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.ctx.spare.put(buf);
     }
 
     /// The next datagram to send.

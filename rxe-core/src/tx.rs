@@ -134,8 +134,11 @@ pub(crate) fn emit<M, E>(
         ieth: h.ieth.map(|rkey| IethRepr { rkey }),
         payload: &ZEROS[..payload_len],
     };
-    let mut buf = vec![0u8; repr.buffer_len()];
-    repr.emit(&mut buf).map_err(EmitError::Build)?;
+    // Every byte is written below: headers, pad and ICRC's place by
+    // `emit_headers`, the payload by `fill` (the zeros stand for its
+    // length), the ICRC last. A failed `fill` queues nothing.
+    let mut buf = ctx.spare.take(repr.buffer_len());
+    repr.emit_headers(&mut buf).map_err(EmitError::Build)?;
     let hl = repr.header_len();
     fill(ctx, &mut buf[hl..hl + payload_len]).map_err(EmitError::Fill)?;
     let info = IpUdpInfo {
@@ -166,6 +169,50 @@ pub(crate) fn emit<M, E>(
         fresh: false,
     });
     Ok(())
+}
+
+/// Packet buffers for reuse, in two sizes so that an acknowledgement does
+/// not take (and a full packet then regrow) a buffer of a full packet.
+#[derive(Default)]
+pub(crate) struct Spare {
+    small: Vec<Vec<u8>>,
+    large: Vec<Vec<u8>>,
+}
+
+/// A buffer of at most this many bytes is "small".
+const SMALL: usize = 256;
+/// Buffers kept of each size: enough for a burst of a send queue's
+/// packets between two flushes of the driver.
+const KEEP: usize = 64;
+
+impl Spare {
+    /// A buffer of `len` bytes whose contents are unspecified (the caller
+    /// writes them all).
+    pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
+        let pool = if len <= SMALL {
+            &mut self.small
+        } else {
+            &mut self.large
+        };
+        let mut buf = pool.pop().unwrap_or_default();
+        if buf.len() >= len {
+            buf.truncate(len);
+        } else {
+            buf.resize(len, 0);
+        }
+        buf
+    }
+
+    pub(crate) fn put(&mut self, buf: Vec<u8>) {
+        let pool = if buf.capacity() <= SMALL {
+            &mut self.small
+        } else {
+            &mut self.large
+        };
+        if pool.len() < KEEP {
+            pool.push(buf);
+        }
+    }
 }
 
 /// Why a packet could not be emitted.

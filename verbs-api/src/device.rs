@@ -850,7 +850,8 @@ impl Inner {
             let place = !self.faults_on.load(Ordering::Acquire);
             let sent = ll.send(ts, self.cfg.addr, self.now(), place, |t| {
                 self.sent_inbox.fetch_add(1, Ordering::Relaxed);
-                self.note_sent(t)
+                self.note_sent(&t);
+                eng.recycle(t.payload);
             });
             for _ in 0..sent.dropped {
                 eng.note_send_error();
@@ -904,6 +905,10 @@ impl Inner {
             }
             i = j;
             fd = next;
+        }
+        drop(senders);
+        for t in ts {
+            eng.recycle(t.payload);
         }
     }
 

@@ -349,7 +349,7 @@ impl LocalLink {
         addr: std::net::IpAddr,
         now: Instant,
         place: bool,
-        mut sent: impl FnMut(&Transmit),
+        mut sent: impl FnMut(Transmit),
     ) -> Sent {
         let mut out = Sent::default();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -373,7 +373,7 @@ impl LocalLink {
                     let t = q.pop_front().expect("front");
                     *bytes -= t.payload.len();
                     match r {
-                        Ok(()) => sent(&t),
+                        Ok(()) => sent(t),
                         // Its owner is gone: what waited for it is lost, as
                         // it would be in a dead process's socket.
                         Err(_) => out.dropped += 1,
@@ -417,7 +417,7 @@ impl LocalLink {
                 };
                 match self.push(&inbox, slot, &t, place) {
                     Ok(()) => {
-                        sent(&t);
+                        sent(t);
                         pending.kick_later(&inbox);
                     }
                     Err(PushError::Full) => {

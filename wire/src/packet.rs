@@ -190,6 +190,18 @@ impl<'a> PacketRepr<'a> {
     /// opcode's table entry, or a payload is given to an opcode that has
     /// none. Bytes of `buf` after `buffer_len()` are left alone.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        self.emit_with(buf, true)
+    }
+
+    /// As [`Self::emit`], but the payload's bytes of `buf` (after the
+    /// headers, `self.payload.len()` of them) are left as they are, for a
+    /// caller that fills them itself: `self.payload` gives only their
+    /// number. Headers, pad and the ICRC's place are written.
+    pub fn emit_headers(&self, buf: &mut [u8]) -> Result<()> {
+        self.emit_with(buf, false)
+    }
+
+    fn emit_with(&self, buf: &mut [u8], copy_payload: bool) -> Result<()> {
         let info = self.checked_info()?;
         let total = self.buffer_len();
         let buf = buf.get_mut(..total).ok_or(Error::Truncated)?;
@@ -224,7 +236,9 @@ impl<'a> PacketRepr<'a> {
         ext!(ieth, IETH, ieth);
 
         let (payload, pad_and_icrc) = rest.split_at_mut(payload_end - hdr_len);
-        payload.copy_from_slice(self.payload);
+        if copy_payload {
+            payload.copy_from_slice(self.payload);
+        }
         pad_and_icrc.fill(0);
         Ok(())
     }
@@ -426,6 +440,34 @@ mod tests {
         let mut ok = send;
         ok[1] = 0x20;
         assert_eq!(PacketRepr::parse(&ok).unwrap().payload, &[] as &[u8]);
+    }
+
+    #[test]
+    fn emit_headers_writes_all_but_the_payload() {
+        let data = [7u8, 8, 9, 10, 11];
+        let p = PacketRepr {
+            reth: Some(RethRepr {
+                va: 0x1000,
+                rkey: 0x42,
+                dma_len: 5,
+            }),
+            payload: &data,
+            ..bare(bth(Opcode::RC_RDMA_WRITE_ONLY, 0x11, 7))
+        };
+        let mut whole = vec![0xeeu8; p.buffer_len()];
+        p.emit(&mut whole).unwrap();
+        // Over garbage, then the payload by hand: the same bytes (the
+        // pad of 3 and the ICRC's place zeroed too).
+        let mut parts = vec![0xeeu8; p.buffer_len()];
+        p.emit_headers(&mut parts).unwrap();
+        let hl = p.header_len();
+        assert_eq!(
+            &parts[hl..hl + data.len()],
+            &[0xee; 5],
+            "payload left alone"
+        );
+        parts[hl..hl + data.len()].copy_from_slice(&data);
+        assert_eq!(parts, whole);
     }
 
     #[test]
