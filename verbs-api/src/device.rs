@@ -252,6 +252,15 @@ pub(crate) struct ChannelTx {
     pub tx: UnixDatagram,
 }
 
+/// One round of [`Inner::progress`]: who runs it (an application's poll
+/// or the progress thread), the CQ whose completion ends it, and how many
+/// datagrams it handled.
+struct Round {
+    app: bool,
+    polled: Option<rxe_core::CqHandle>,
+    handled: usize,
+}
+
 pub(crate) struct Inner {
     pub engine: Mutex<Engine<HostMemory>>,
     /// Asynchronous events not yet taken by the application, and the fd
@@ -848,7 +857,7 @@ impl Inner {
             // Fault injection may drop, duplicate or reorder what leaves:
             // a payload is placed only when the packet surely follows it.
             let place = !self.faults_on.load(Ordering::Acquire);
-            let sent = ll.send(ts, self.cfg.addr, self.now(), place, |t| {
+            let sent = ll.send(ts, self.cfg.addr, &|| self.now(), place, |t| {
                 self.sent_inbox.fetch_add(1, Ordering::Relaxed);
                 self.note_sent(&t);
                 eng.recycle(t.payload);
@@ -1046,29 +1055,43 @@ impl Inner {
         if app && self.has_deferred() {
             self.flush(&mut e);
         }
-        let mut done = self.drain_local(&mut e, buf, app, polled);
+        // Each datagram handled is followed by a flush; a last one is
+        // needed only if none was handled (what waits for room, delayed
+        // datagrams, notifications) or a timer fired since.
+        let mut r = Round {
+            app,
+            polled,
+            handled: 0,
+        };
+        let mut done = self.drain_local(&mut e, buf, &mut r);
         if !done && (!app || self.udp_in_use()) {
-            done = self.drain_socket(&mut e, &self.socket, self.cfg.addr, buf, app, polled);
+            done = self.drain_socket(&mut e, &self.socket, self.cfg.addr, buf, &mut r);
         }
         if !done {
-            self.progress_multicast(&mut e, buf, app, polled);
+            self.progress_multicast(&mut e, buf, &mut r);
         }
         let now = self.now();
+        let mut flushed = r.handled > 0;
         if e.poll_timeout().is_some_and(|d| d <= now) {
             e.handle_timeout(now);
+            flushed = false;
         }
-        self.flush_with(&mut e, app);
+        if !flushed {
+            self.flush_with(&mut e, app);
+        }
     }
 
-    /// An application thread posted work.
-    pub(crate) fn note_app_post(&self) {
+    /// An application thread posted work; returns the time it did.
+    pub(crate) fn note_app_post(&self) -> Instant {
+        let now = self.now();
         self.last_app_post
-            .store(self.now().as_nanos().max(1), Ordering::Relaxed);
+            .store(now.as_nanos().max(1), Ordering::Relaxed);
         // It will poll for what it posted, most likely: senders need not
         // kick the progress thread (see `note_app_poll`).
         if let Some(l) = &self.local {
             l.own.polling_again();
         }
+        now
     }
 
     /// Before sleeping: keep looking at the inbox for [`INBOX_SPIN`] after
@@ -1127,17 +1150,12 @@ impl Inner {
     /// Read what this process's inbox holds into the engine, like
     /// [`Inner::drain_socket`]. Returns whether it stopped because `polled`
     /// holds a completion.
-    fn drain_local(
-        &self,
-        e: &mut Engine<HostMemory>,
-        buf: &mut [u8],
-        app: bool,
-        polled: Option<rxe_core::CqHandle>,
-    ) -> bool {
+    fn drain_local(&self, e: &mut Engine<HostMemory>, buf: &mut [u8], r: &mut Round) -> bool {
         let Some(ll) = &self.local else { return false };
         while let Some(p) = ll.own.pop(buf) {
-            self.local_rx
-                .store(self.now().as_nanos(), Ordering::Relaxed);
+            r.handled += 1;
+            let now = self.now();
+            self.local_rx.store(now.as_nanos(), Ordering::Relaxed);
             let dg = RxDatagram {
                 src: self.cfg.addr,
                 dst: self.cfg.addr,
@@ -1154,7 +1172,7 @@ impl Inner {
                 let len = wire::PacketRepr::parse(dg.payload).map_or(0, |p| p.payload.len());
                 e.mem_mut().expect_placed(at, len);
             }
-            e.handle_datagram(self.now(), &dg);
+            e.handle_datagram(now, &dg);
             if p.placed.is_some() && !e.mem_mut().end_placed() {
                 // Checked and refused (or not written where it was
                 // placed): the bytes are in memory the sender was allowed
@@ -1163,8 +1181,8 @@ impl Inner {
                 self.placed_refused.fetch_add(1, Ordering::Relaxed);
             }
             ll.publish_responder(e, &buf[..p.len]);
-            self.flush_with(e, app);
-            if polled.is_some_and(|cq| e.cq_len(cq) > 0) {
+            self.flush_with(e, r.app);
+            if r.polled.is_some_and(|cq| e.cq_len(cq) > 0) {
                 return true;
             }
         }
@@ -1185,8 +1203,7 @@ impl Inner {
         sock: &UdpSocket,
         dst: IpAddr,
         buf: &mut [u8],
-        app: bool,
-        polled: Option<rxe_core::CqHandle>,
+        r: &mut Round,
     ) -> bool {
         // The device's own socket reports each datagram's TOS on a
         // ConnectX-like device; multicast sockets never (packets delivered
@@ -1205,6 +1222,7 @@ impl Inner {
                 // some paths) are loss to the transport.
                 Err(_) => return false,
             };
+            r.handled += 1;
             let dg = RxDatagram {
                 src: src.ip(),
                 dst,
@@ -1224,27 +1242,21 @@ impl Inner {
             e.handle_datagram(self.now(), &dg);
             // Send what it produced before reading more, so a burst of
             // requests cannot pile up responses in memory.
-            self.flush_with(e, app);
-            if polled.is_some_and(|cq| e.cq_len(cq) > 0) {
+            self.flush_with(e, r.app);
+            if r.polled.is_some_and(|cq| e.cq_len(cq) > 0) {
                 return true;
             }
         }
     }
 
     /// Read what the multicast sockets hold into the engine.
-    fn progress_multicast(
-        &self,
-        e: &mut Engine<HostMemory>,
-        buf: &mut [u8],
-        app: bool,
-        polled: Option<rxe_core::CqHandle>,
-    ) {
+    fn progress_multicast(&self, e: &mut Engine<HostMemory>, buf: &mut [u8], r: &mut Round) {
         if !self.mcast_on.load(Ordering::Acquire) {
             return;
         }
         let groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
         for (group, sock) in groups.iter() {
-            if self.drain_socket(e, sock, *group, buf, app, polled) {
+            if self.drain_socket(e, sock, *group, buf, r) {
                 return;
             }
         }

@@ -299,13 +299,19 @@ impl LocalLink {
     }
 
     /// The inbox of `slot`, asking the daemon if not known (or closed).
-    fn inbox(&self, slot: usize, now: Instant) -> Option<Arc<Inbox>> {
+    fn inbox(&self, slot: usize, now: &dyn Fn() -> Instant) -> Option<Arc<Inbox>> {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        match peers.get(&slot) {
+        let now = match peers.get(&slot) {
             Some(Peer::Inbox(i)) if !i.is_closed() => return Some(i.clone()),
-            Some(Peer::Udp(until)) if now < *until => return None,
-            _ => {}
-        }
+            Some(Peer::Udp(until)) => {
+                let now = now();
+                if now < *until {
+                    return None;
+                }
+                now
+            }
+            _ => now(),
+        };
         let got = emulator_daemon::client::inbox(&self.daemon, &self.device, slot)
             .ok()
             .flatten()
@@ -347,7 +353,7 @@ impl LocalLink {
         &self,
         ts: Vec<Transmit>,
         addr: std::net::IpAddr,
-        now: Instant,
+        now: &dyn Fn() -> Instant,
         place: bool,
         mut sent: impl FnMut(Transmit),
     ) -> Sent {
@@ -426,13 +432,13 @@ impl LocalLink {
                     }
                     Err(PushError::Closed) if !retried => {
                         // The slot may have a new owner with a new inbox.
-                        self.forget(slot, now, true);
+                        self.forget(slot, now(), true);
                         cur = None;
                         retried = true;
                         continue;
                     }
                     Err(_) => {
-                        self.forget(slot, now, false);
+                        self.forget(slot, now(), false);
                         cur = None;
                         out.udp.push(t);
                     }

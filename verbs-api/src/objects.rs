@@ -846,8 +846,7 @@ impl QueuePair {
 
     /// Post a send work request; its packets leave at once.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        self.dev.inner.note_app_post();
-        let now = self.dev.inner.now();
+        let now = self.dev.inner.note_app_post();
         let mut e = self.dev.inner.lock();
         e.post_send(now, self.qpn, wr)?;
         self.dev.inner.flush(&mut e);
