@@ -31,6 +31,8 @@
 //!   awake but its application stopped polling: kick it too);
 //!   `active` (u64, 192: bit `s` set once ring `s` was written); the
 //!   consumer's process ID (u32, 256: see [`place`](crate::Placement));
+//!   when the consumer's application last polled or posted (u64, 320,
+//!   CLOCK_MONOTONIC ns; 0: not known);
 //! - from page 1: one 256-byte control block per ring: `tail` (u64, 0,
 //!   written by the producer) and `head` (u64, 128, by the consumer), both
 //!   byte positions that only grow; the producer's `placing` counter (u64,
@@ -71,6 +73,12 @@ const OFF_RING_SIZE: usize = 16;
 const OFF_CLOSED: usize = 64;
 const OFF_SLEEPING: usize = 128;
 const OFF_ACTIVE: usize = 192;
+const OFF_LAST_POLL: usize = 320;
+
+/// How long after its application's last poll or post an awake consumer
+/// is taken to have stopped polling: producers then kick it too (see
+/// [`Inbox::kick`]).
+pub const POLL_STALE: std::time::Duration = std::time::Duration::from_millis(1);
 const REC: usize = 8;
 const WRAP: u32 = u32::MAX;
 
@@ -383,7 +391,8 @@ impl Inbox {
     }
 
     /// Producer: wake the consumer if it sleeps, or if its application
-    /// stopped polling ([`Inbox::kick_me`]): one eventfd write per sleep,
+    /// may stop polling ([`Inbox::kick_me`]) or seems to have stopped
+    /// (no poll or post within [`POLL_STALE`]): one eventfd write per sleep,
     /// however many senders kick. Returns whether this call wrote it (it
     /// will wake the consumer's thread).
     pub fn kick(&self) -> bool {
@@ -393,7 +402,7 @@ impl Inbox {
         // post. SeqCst pairs with `sleep_begin`: either this load sees
         // ASLEEP or the consumer sees the datagram just published.
         let now = sleeping.load(SeqCst);
-        if (now == ASLEEP || now == LEFT)
+        if (now == ASLEEP || now == LEFT || (now == AWAKE && self.stopped_polling()))
             && sleeping
                 .compare_exchange(now, KICKED, SeqCst, SeqCst)
                 .is_ok()
@@ -402,6 +411,29 @@ impl Inbox {
             return true;
         }
         false
+    }
+
+    /// Producer in `ring`: whether the consumer has taken everything this
+    /// producer wrote.
+    pub fn taken(&self, ring: usize) -> bool {
+        ring < self.layout.rings && self.head(ring).load(SeqCst) == self.tail(ring).load(SeqCst)
+    }
+
+    /// Whether the consumer's application said it polled or posted, and
+    /// not within [`POLL_STALE`]: its progress thread, which keeps off the
+    /// inbox while the application polls and looks only now and then
+    /// whether it still does, is then kicked rather than left to find the
+    /// datagram at its next look.
+    fn stopped_polling(&self) -> bool {
+        let last = self.map.u64_at(OFF_LAST_POLL).load(Relaxed);
+        last != 0 && shm::monotonic_ns().saturating_sub(last) > POLL_STALE.as_nanos() as u64
+    }
+
+    /// Consumer's application thread: it polled or posted just now.
+    pub fn note_poll(&self) {
+        self.map
+            .u64_at(OFF_LAST_POLL)
+            .store(shm::monotonic_ns(), Relaxed);
     }
 
     /// Consumer: take the next datagram into `buf` (at least

@@ -135,6 +135,22 @@ impl Drop for Mapping {
     }
 }
 
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of a
+/// host (of one time namespace), as `std::time::Instant` uses it too but
+/// does not expose.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, exclusively borrowed timespec;
+    // CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
 /// Copy `data` to address `addr` of process `pid` (`process_vm_writev`),
 /// which the kernel allows only with ptrace rights over it (same user,
 /// Yama's `ptrace_scope` permitting). The kernel checks every page of

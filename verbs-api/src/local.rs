@@ -52,6 +52,10 @@ struct Pending {
     /// The inboxes written by the current `send`, to kick once each at its
     /// end (kept here so a flush allocates nothing).
     kick: Vec<Arc<Inbox>>,
+    /// Inboxes written but not kicked, their consumers' applications
+    /// having polled just before: kicked later, if those applications
+    /// stop polling before taking the datagrams (`LocalLink::rekick`).
+    unkicked: Vec<Arc<Inbox>>,
 }
 
 impl Pending {
@@ -92,6 +96,8 @@ pub(crate) struct LocalLink {
     /// `pending.bytes > 0`, readable without the lock (the progress loop
     /// and every flush ask).
     any_pending: AtomicBool,
+    /// `pending.unkicked` is not empty.
+    any_unkicked: AtomicBool,
     /// Kicks that woke another process's progress thread (or this one's):
     /// `rxe-emu stat`'s `inbox_kicks`.
     kicks: AtomicU64,
@@ -153,6 +159,7 @@ impl LocalLink {
             peers: Mutex::new(peers),
             pending: Mutex::new(Pending::default()),
             any_pending: AtomicBool::new(false),
+            any_unkicked: AtomicBool::new(false),
             kicks: AtomicU64::new(0),
             placement,
             no_place: AtomicU64::new(0),
@@ -341,6 +348,36 @@ impl LocalLink {
         }
     }
 
+    /// Kick the inboxes written without a kick (their applications were
+    /// polling) whose consumers have not taken those datagrams and whose
+    /// applications have since stopped polling ([`Inbox::kick`]). Kernel
+    /// rxe's responder runs at once; a consumer whose application polled
+    /// just before a datagram came, then stopped, would otherwise leave it
+    /// for its progress thread's next look (up to 20 ms), and a sender
+    /// waiting for the answer (two devices driven by one thread, as
+    /// rdma-core's tests do) with it. Called at each round of progress.
+    pub(crate) fn rekick(&self) {
+        if !self.any_unkicked.load(Ordering::Acquire) {
+            return;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = self.slot;
+        let mut kicked = 0;
+        pending.unkicked.retain(|i| {
+            if i.taken(slot) {
+                return false;
+            }
+            if i.kick() {
+                kicked += 1;
+                return false;
+            }
+            true
+        });
+        self.kicks.fetch_add(kicked, Ordering::Relaxed);
+        self.any_unkicked
+            .store(!pending.unkicked.is_empty(), Ordering::Release);
+    }
+
     /// Whether datagrams wait for room in a full inbox.
     pub(crate) fn has_pending(&self) -> bool {
         self.any_pending.load(Ordering::Acquire)
@@ -446,11 +483,16 @@ impl LocalLink {
                 break;
             }
         }
-        for i in pending.kick.drain(..) {
+        let Pending { kick, unkicked, .. } = &mut *pending;
+        for i in kick.drain(..) {
             if i.kick() {
                 self.kicks.fetch_add(1, Ordering::Relaxed);
+            } else if !unkicked.iter().any(|k| Arc::ptr_eq(k, &i)) {
+                unkicked.push(i);
             }
         }
+        self.any_unkicked
+            .store(!unkicked.is_empty(), Ordering::Release);
         self.any_pending.store(pending.bytes > 0, Ordering::Release);
         out
     }

@@ -1410,6 +1410,90 @@ fn a_write_only_to_another_slot_of_the_device_is_placed_by_its_sender() {
     assert_eq!(placed(&ask("STAT rxe0")), placed(&after) + 1);
 }
 
+/// B has a receive posted (so no poll tells its device it may stop
+/// polling) and polls an empty CQ long enough for its progress thread to
+/// look only every 16-20 ms; then it stops, without arming the CQ, and A
+/// sends to it `pause` later. Returns A's kicks of B's inbox per round.
+fn kicks_of_a_process_that_stopped_polling(tag: &str, ip: &str, pause: Duration) -> Vec<u64> {
+    let d = Daemon::start(tag, &format!("rxe0={ip}"), 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let a_slot = a.qp.qpn() >> 16;
+    let mut src = vec![5u8; 64];
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 64];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    let stat = || emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    let mut rounds = Vec::new();
+    for round in 0..3 {
+        b.qp.post_recv(RecvWr {
+            wr_id: round,
+            sg_list: vec![bmr.sge(0, 64)],
+        })
+        .unwrap();
+        // The counters are read while B polls (the daemon's question
+        // wakes B's progress thread, which then finds B polling and goes
+        // back to its long look-again interval).
+        let poll_for = |d: Duration| {
+            let t = Instant::now();
+            while t.elapsed() < d {
+                assert!(b.cq.poll(1).unwrap().is_empty());
+            }
+        };
+        poll_for(Duration::from_millis(40));
+        let path = d.path.clone();
+        let asking = std::thread::spawn(move || {
+            emulator_daemon::client::request(&path, "STAT rxe0").unwrap()
+        });
+        while !asking.is_finished() {
+            assert!(b.cq.poll(1).unwrap().is_empty());
+        }
+        let before = asking.join().unwrap();
+        poll_for(Duration::from_millis(1));
+        std::thread::sleep(pause);
+        a.qp.post_send(SendWr::new(round, SendOp::Send, vec![amr.sge(0, 64)]))
+            .unwrap();
+        let wcs = a.cq.wait(1, WAIT).unwrap();
+        assert_eq!(wcs[0].status, WcStatus::Success);
+        let kicks = slot_stat_value(&stat(), a_slot, "inbox_kicks")
+            - slot_stat_value(&before, a_slot, "inbox_kicks");
+        let got = b.cq.wait(1, WAIT).unwrap();
+        assert_eq!(got[0].status, WcStatus::Success);
+        rounds.push(kicks);
+    }
+    rounds
+}
+
+#[test]
+fn a_sender_kicks_a_process_whose_application_stopped_polling_with_work_outstanding() {
+    // Each SEND kicks B: its progress thread either sleeps (it found B no
+    // longer polling) or, still away for its long look-again interval,
+    // is kicked because B's last poll is older than POLL_STALE. Without
+    // that rule the latter SENDs drew no kick and waited for the thread's
+    // next look, up to MAX_SPIN_WAIT later (2 of 3 rounds in one run).
+    let rounds =
+        kicks_of_a_process_that_stopped_polling("stale", "127.0.21.19", Duration::from_millis(3));
+    assert!(
+        rounds.iter().all(|&k| k > 0),
+        "SENDs to B, which had stopped polling, that kicked it (per round): {rounds:?}"
+    );
+}
+
+#[test]
+fn a_sender_kicks_later_a_process_whose_application_stopped_polling_just_after_its_last_poll() {
+    // A sends right after B's last poll: no kick then. A, waiting for the
+    // acknowledgement, kicks B once B's last poll is older than
+    // POLL_STALE (`LocalLink::rekick`), as one thread driving two devices
+    // (rdma-core's tests) needs. Without it, no round kicked.
+    let rounds = kicks_of_a_process_that_stopped_polling("rekick", "127.0.21.20", Duration::ZERO);
+    assert!(
+        rounds.iter().all(|&k| k > 0),
+        "SENDs to B that kicked it later (per round): {rounds:?}"
+    );
+}
+
 #[test]
 fn posts_of_an_application_that_is_active_do_not_wake_its_progress_thread() {
     let d = Daemon::start("tick", "rxe0=127.0.21.18", 8);
