@@ -31,7 +31,7 @@
 //!   awake but its application stopped polling: kick it too);
 //!   `active` (u64, 192: bit `s` set once ring `s` was written); the
 //!   consumer's process ID (u32, 256: see [`place`](crate::Placement));
-//!   when the consumer's application last polled or posted (u64, 320,
+//!   when the consumer's application last polled (u64, 320,
 //!   CLOCK_MONOTONIC ns; 0: not known);
 //! - from page 1: one 256-byte control block per ring: `tail` (u64, 0,
 //!   written by the producer) and `head` (u64, 128, by the consumer), both
@@ -50,6 +50,7 @@ mod place;
 mod shm;
 
 pub use place::{PlaceError, PlaceableMr, PlaceableQp, Placement};
+pub use shm::monotonic_ns;
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -75,8 +76,8 @@ const OFF_SLEEPING: usize = 128;
 const OFF_ACTIVE: usize = 192;
 const OFF_LAST_POLL: usize = 320;
 
-/// How long after its application's last poll or post an awake consumer
-/// is taken to have stopped polling: producers then kick it too (see
+/// How long after its application's last poll an awake consumer is taken
+/// to have stopped polling: producers then kick it too (see
 /// [`Inbox::kick`]).
 pub const POLL_STALE: std::time::Duration = std::time::Duration::from_millis(1);
 const REC: usize = 8;
@@ -392,7 +393,7 @@ impl Inbox {
 
     /// Producer: wake the consumer if it sleeps, or if its application
     /// may stop polling ([`Inbox::kick_me`]) or seems to have stopped
-    /// (no poll or post within [`POLL_STALE`]): one eventfd write per sleep,
+    /// (no poll within [`POLL_STALE`]): one eventfd write per sleep,
     /// however many senders kick. Returns whether this call wrote it (it
     /// will wake the consumer's thread).
     pub fn kick(&self) -> bool {
@@ -413,14 +414,21 @@ impl Inbox {
         false
     }
 
+    /// Producer: whether the consumer is awake (neither asleep, nor asked
+    /// for kicks, nor kicked already), so that a kick written now would
+    /// have been refused.
+    pub fn awake_unkicked(&self) -> bool {
+        self.map.u32_at(OFF_SLEEPING).load(SeqCst) == AWAKE
+    }
+
     /// Producer in `ring`: whether the consumer has taken everything this
     /// producer wrote.
     pub fn taken(&self, ring: usize) -> bool {
         ring < self.layout.rings && self.head(ring).load(SeqCst) == self.tail(ring).load(SeqCst)
     }
 
-    /// Whether the consumer's application said it polled or posted, and
-    /// not within [`POLL_STALE`]: its progress thread, which keeps off the
+    /// Whether the consumer's application said it polled, and not within
+    /// [`POLL_STALE`]: its progress thread, which keeps off the
     /// inbox while the application polls and looks only now and then
     /// whether it still does, is then kicked rather than left to find the
     /// datagram at its next look.
@@ -429,11 +437,10 @@ impl Inbox {
         last != 0 && shm::monotonic_ns().saturating_sub(last) > POLL_STALE.as_nanos() as u64
     }
 
-    /// Consumer's application thread: it polled or posted just now.
-    pub fn note_poll(&self) {
-        self.map
-            .u64_at(OFF_LAST_POLL)
-            .store(shm::monotonic_ns(), Relaxed);
+    /// Consumer's application thread: it polled at `now_ns`
+    /// ([`monotonic_ns`]).
+    pub fn note_poll(&self, now_ns: u64) {
+        self.map.u64_at(OFF_LAST_POLL).store(now_ns, Relaxed);
     }
 
     /// Consumer: take the next datagram into `buf` (at least

@@ -138,7 +138,7 @@ impl Drop for Mapping {
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of a
 /// host (of one time namespace), as `std::time::Instant` uses it too but
 /// does not expose.
-pub(crate) fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -304,7 +304,9 @@ pub(crate) struct Inner {
     faults: Mutex<Option<Faults>>,
     /// `faults` is `Some`: the transmit path takes its lock only then.
     faults_on: AtomicBool,
-    epoch: std::time::Instant,
+    /// CLOCK_MONOTONIC (`local_link::monotonic_ns`) when the device was
+    /// opened: `now` counts from it.
+    epoch: u64,
     stop: AtomicBool,
     /// When the progress thread will wake on its own (ns since `epoch`;
     /// 0 while it is awake). A flush wakes it only for an earlier deadline.
@@ -597,7 +599,12 @@ fn join_group(group: IpAddr, local: IpAddr) -> io::Result<UdpSocket> {
 
 impl Inner {
     pub(crate) fn now(&self) -> Instant {
-        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        self.at(local_link::monotonic_ns())
+    }
+
+    /// The engine's time of a CLOCK_MONOTONIC reading.
+    fn at(&self, monotonic_ns: u64) -> Instant {
+        Instant::from_nanos(monotonic_ns.saturating_sub(self.epoch))
     }
 
     /// MR `mr` was registered (or changed): peers on this host may place
@@ -1325,14 +1332,15 @@ impl Inner {
     /// ib_read_lat went from 41-64 µs typical (avg 124-148) to 33-36
     /// (avg 53-75) in interleaved runs (2026-11-26).
     pub(crate) fn note_app_poll(&self, may_leave: bool) {
+        let mono = local_link::monotonic_ns();
         self.last_app_poll
-            .store(self.now().as_nanos().max(1), Ordering::SeqCst);
+            .store(self.at(mono).as_nanos().max(1), Ordering::SeqCst);
         let was_left = self.app_left.swap(may_leave, Ordering::SeqCst);
         if let Some(l) = &self.local {
             // Senders kick this process once its application has not
             // polled for `POLL_STALE`, so that the progress thread, which
             // keeps off while it polls, need not look often.
-            l.own.note_poll();
+            l.own.note_poll(mono);
             if may_leave && !was_left && !l.own.kick_me() {
                 // A datagram came before the inbox asked for kicks.
                 self.wake();
@@ -1952,7 +1960,7 @@ impl Device {
             mcast_on: AtomicBool::new(false),
             faults_on: AtomicBool::new(faults.is_some()),
             faults: Mutex::new(faults),
-            epoch: std::time::Instant::now(),
+            epoch: local_link::monotonic_ns(),
             stop: AtomicBool::new(false),
             sleeping_until: std::sync::atomic::AtomicU64::new(0),
             last_app_poll: std::sync::atomic::AtomicU64::new(0),

@@ -77,10 +77,11 @@ impl Pending {
     }
 }
 
-/// The BTH destination QP of a RoCEv2 UDP payload (bytes 5..8).
+/// The BTH destination QP of a RoCEv2 UDP payload.
 fn dest_qpn(payload: &[u8]) -> Option<u32> {
-    let b = payload.get(5..8)?;
-    Some(u32::from_be_bytes([0, b[0], b[1], b[2]]))
+    wire::bth::Packet::new_checked(payload)
+        .ok()
+        .map(|b| b.dest_qpn())
 }
 
 pub(crate) struct LocalLink {
@@ -364,7 +365,9 @@ impl LocalLink {
         let slot = self.slot;
         let mut kicked = 0;
         pending.unkicked.retain(|i| {
-            if i.taken(slot) {
+            // Taken, gone, or kicked by another sender meanwhile (its
+            // thread will look): nothing left to do for it.
+            if i.taken(slot) || i.is_closed() || !i.awake_unkicked() {
                 return false;
             }
             if i.kick() {
@@ -487,7 +490,7 @@ impl LocalLink {
         for i in kick.drain(..) {
             if i.kick() {
                 self.kicks.fetch_add(1, Ordering::Relaxed);
-            } else if !unkicked.iter().any(|k| Arc::ptr_eq(k, &i)) {
+            } else if i.awake_unkicked() && !unkicked.iter().any(|k| Arc::ptr_eq(k, &i)) {
                 unkicked.push(i);
             }
         }
