@@ -179,9 +179,7 @@ impl Inbox {
             return false;
         };
         self.map.u64_at(OFF_OWNER_PIDNS).store(ns, SeqCst);
-        self.map
-            .u32_at(OFF_OWNER_PID)
-            .store(std::process::id(), SeqCst);
+        self.map.u32_at(OFF_OWNER_PID).store(shm::own_pid(), SeqCst);
         true
     }
 
@@ -340,6 +338,7 @@ impl Inbox {
     /// Nothing is written unless the record fits in the ring, so a placed
     /// payload is always followed by its packet. Returns the push's
     /// result and, inside, where the payload was placed or why not.
+    /// `intact`: as [`Inbox::push_intact`].
     ///
     /// Call it only with nothing before `datagram` for this inbox still
     /// waiting to be pushed, and from one thread of the process at a time.
@@ -350,12 +349,13 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
         p: &Placement<'_>,
+        intact: bool,
     ) -> Result<Result<u64, PlaceError>, PushError> {
         if !self.has_room_placed(ring, datagram.len())? {
             return Err(PushError::Full);
         }
         let placed = self.place(ring, p);
-        self.push_record(ring, src_port, tos, datagram, placed.ok())?;
+        self.push_record(ring, src_port, tos, datagram, placed.ok(), intact)?;
         Ok(placed)
     }
 
@@ -364,7 +364,7 @@ impl Inbox {
             return Err(PlaceError::Refused);
         }
         let ctrl = self.layout.ctrl(ring);
-        let me = std::process::id();
+        let me = shm::own_pid();
         let pid_word = self.map.u32_at(ctrl + CTRL_PRODUCER_PID);
         if pid_word.load(Relaxed) != me {
             pid_word.store(me, SeqCst);

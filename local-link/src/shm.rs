@@ -1,6 +1,6 @@
 //! The crate's only `unsafe`: creating a memfd and an eventfd, mapping a
-//! memfd, and reaching into the mapping (atomics and byte copies) at
-//! bounds-checked offsets.
+//! memfd, reaching into the mapping (atomics and byte copies) at
+//! bounds-checked offsets, and the process ID kept across calls.
 //!
 //! The mapping is shared with other processes, which may write anything
 //! at any time. Nothing here ever hands out a reference to plain bytes of
@@ -175,10 +175,68 @@ pub(crate) fn write_to_process(pid: i32, addr: u64, data: &[u8]) -> io::Result<u
     Ok(n as usize)
 }
 
+/// This process's ID, read from the kernel once per process: a placement
+/// names its producer by it, and `getpid` was one system call of each
+/// placed WRITE (about 0.1 µs on the 2-CPU host, 5% of `ib_write_lat`). A
+/// child of `fork` reads it afresh: the handler registered before the
+/// first read forgets it in the child.
+pub(crate) fn own_pid() -> u32 {
+    use std::sync::atomic::Ordering::Relaxed;
+    static PID: AtomicU32 = AtomicU32::new(0);
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget_in_child() {
+        PID.store(0, Relaxed);
+    }
+    // u32::MAX: never kept (no handler).
+    let pid = PID.load(Relaxed);
+    if pid != 0 && pid != u32::MAX {
+        return pid;
+    }
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that fork runs in the child; it only
+        // stores to a static atomic, which is async-signal-safe. Should
+        // registration fail (ENOMEM), the ID would be kept across a fork:
+        // then keep asking the kernel instead.
+        if unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) } != 0 {
+            PID.store(u32::MAX, Relaxed);
+        }
+    });
+    let pid = std::process::id();
+    let _ = PID.compare_exchange(0, pid, Relaxed, Relaxed);
+    pid
+}
+
 /// Whether process `pid` still exists (a signal 0 reaches it, or it
 /// exists but belongs to someone else).
 pub(crate) fn process_exists(pid: i32) -> bool {
     // SAFETY: kill with signal 0 sends nothing; it touches no memory.
     let r = unsafe { libc::kill(pid, 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kept process ID is this process's, in a child of `fork` too.
+    #[test]
+    fn own_pid_is_the_callers_after_a_fork_too() {
+        assert_eq!(super::own_pid(), std::process::id());
+        // SAFETY: the child only calls async-signal-safe functions (getpid,
+        // atomic loads and stores, _exit) before it exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            // SAFETY: getpid and _exit touch no memory of ours.
+            let ok = super::own_pid() == unsafe { libc::getpid() } as u32;
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: `status` is a valid int to write.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        assert_eq!(r, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child saw its parent's ID"
+        );
+        assert_eq!(super::own_pid(), std::process::id());
+    }
 }

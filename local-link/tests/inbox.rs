@@ -285,3 +285,52 @@ fn the_default_layout_is_accepted_and_mostly_unbacked() {
     assert!(InboxFile::create("t", 65, DEFAULT_RING_SIZE).is_err());
     assert!(InboxFile::create("t", 2, 4096).is_err());
 }
+
+#[test]
+fn a_conversation_of_small_datagrams_stays_in_the_first_pages_of_its_ring() {
+    use std::os::unix::fs::MetadataExt;
+    let f = InboxFile::create("t", 2, DEFAULT_RING_SIZE).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    // 50,000 datagrams of 100 bytes, each taken before the next: 5.6 MB
+    // of records, more than a lap of the 4 MiB ring.
+    for i in 0..50_000u32 {
+        let d = datagram(i, 100);
+        tx.push(1, 4791, 0, &d).unwrap();
+        let p = rx.pop(&mut buf).unwrap();
+        assert_eq!((p.ring, p.len), (1, 100));
+        assert_eq!(&buf[..p.len], &d[..]);
+    }
+    assert!(rx.pop(&mut buf).is_none());
+    assert_eq!(rx.take_dropped(), 0);
+    // The memfd is sparse: only pages written hold memory.
+    let memfd = std::fs::File::from(f.memfd().try_clone_to_owned().unwrap());
+    let held = memfd.metadata().unwrap().blocks() * 512;
+    assert!(held <= 256 << 10, "{held} bytes of the inbox were touched");
+    // A ring that is not empty still fills past that point in order.
+    for i in 0..2_000u32 {
+        tx.push(1, 4791, 0, &datagram(i, 100)).unwrap();
+    }
+    for i in 0..2_000u32 {
+        let p = rx.pop(&mut buf).unwrap();
+        assert_eq!(&buf[..p.len], &datagram(i, 100)[..]);
+    }
+    assert!(rx.pop(&mut buf).is_none());
+}
+
+#[test]
+fn a_datagram_pushed_intact_pops_intact_and_no_other() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    tx.push(1, 1, 0, b"checked").unwrap();
+    tx.push_intact(1, 2, 3, b"vouched").unwrap();
+    let p = rx.pop(&mut buf).unwrap();
+    assert_eq!(
+        (&buf[..p.len], p.intact, p.placed),
+        (&b"checked"[..], false, None)
+    );
+    let p = rx.pop(&mut buf).unwrap();
+    assert_eq!((&buf[..p.len], p.src_port, p.tos), (&b"vouched"[..], 2, 3));
+    assert_eq!((p.intact, p.placed), (true, None));
+}

@@ -70,7 +70,7 @@ fn try_place(tx: &Inbox, rx: &Inbox, psn: u32, va: u64, data: &[u8]) -> Result<u
         va,
         data,
     };
-    let r = tx.place_and_push(1, 4791, 0, &packet, &p).unwrap();
+    let r = tx.place_and_push(1, 4791, 0, &packet, &p, false).unwrap();
     // The packet follows either way, marked with where it was placed.
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let got = rx.pop(&mut buf).unwrap();
@@ -188,7 +188,10 @@ fn nothing_is_placed_unless_the_packet_fits_in_the_ring_after_it() {
         va: IOVA,
         data: &[9; 8],
     };
-    assert_eq!(tx.place_and_push(1, 1, 0, &big, &p), Err(PushError::Full));
+    assert_eq!(
+        tx.place_and_push(1, 1, 0, &big, &p, false),
+        Err(PushError::Full)
+    );
     assert_eq!(t.now(), vec![0u8; 64], "nothing placed");
 }
 

@@ -16,10 +16,13 @@ pub(crate) fn handle<M: Memory>(
     eng: &mut Engine<M>,
     now: Instant,
     dg: &RxDatagram<'_>,
+    check_icrc: bool,
 ) -> Option<u32> {
     let ctx = &mut eng.ctx;
-    // ICRC first (kernel rxe_icrc_check), over the headers as sent.
+    // ICRC first (kernel rxe_icrc_check), over the headers as sent; a
+    // datagram the driver vouches for still needs room for one.
     let icrc_ok = match (dg.ipv4_id, dg.src) {
+        _ if !check_icrc => dg.payload.len() >= wire::ICRC_LEN,
         (Some(id), _) => wire::icrc::check(&info(dg, id), dg.payload),
         (None, std::net::IpAddr::V6(_)) => wire::icrc::check(&info(dg, 0), dg.payload),
         (None, std::net::IpAddr::V4(_)) => {

@@ -1907,3 +1907,37 @@ fn qp_awaits_completions_follows_the_queues() {
         "the receive was used"
     );
 }
+
+/// `handle_intact_datagram` takes the driver's word for the ICRC and
+/// checks everything else; `handle_datagram` checks the ICRC too.
+#[test]
+fn an_intact_datagram_skips_only_the_icrc_check() {
+    let mut n = net(77, LinkConfig::perfect());
+    let repr = bare_packet(wire::Opcode::RC_SEND_ONLY, 0x12_3456);
+    let mut buf = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut buf).unwrap();
+    // The ICRC's place holds zeros: wrong for any packet.
+    fn dg(payload: &[u8]) -> rxe_core::RxDatagram<'_> {
+        rxe_core::RxDatagram {
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            src_port: 50000,
+            dst_port: wire::ROCEV2_UDP_PORT,
+            ipv4_id: None,
+            payload,
+            ecn: rxe_core::Ecn::NotEct,
+        }
+    }
+    let now = n.now();
+    n.node(1).handle_datagram(now, &dg(&buf));
+    let c = n.nodes()[1].counters();
+    assert_eq!((c.rcvd_icrc_err, c.rcvd_bad_qp), (1, 0));
+    // Vouched for: dropped by the next check (no such QP).
+    n.node(1).handle_intact_datagram(now, &dg(&buf));
+    let c = n.nodes()[1].counters();
+    assert_eq!((c.rcvd_icrc_err, c.rcvd_bad_qp), (1, 1));
+    // Too short to hold an ICRC: not a datagram, vouched for or not.
+    n.node(1).handle_intact_datagram(now, &dg(&buf[..3]));
+    let c = n.nodes()[1].counters();
+    assert_eq!((c.rcvd_icrc_err, c.rcvd_bad_qp), (2, 1));
+}

@@ -304,6 +304,13 @@ pub(crate) struct Inner {
     faults: Mutex<Option<Faults>>,
     /// `faults` is `Some`: the transmit path takes its lock only then.
     faults_on: AtomicBool,
+    /// `faults` was ever `Some` in this process: until then no datagram
+    /// can have been changed after it was built, so those handed to a
+    /// peer through its inbox go with their ICRC vouched for
+    /// (`local_link::Inbox::push_intact`). Set before `faults_on`, never
+    /// cleared: a datagram corrupted while faults were on may still wait
+    /// in a queue after they are off.
+    faults_ever: AtomicBool,
     /// CLOCK_MONOTONIC (`local_link::monotonic_ns`) when the device was
     /// opened: `now` counts from it.
     epoch: u64,
@@ -874,11 +881,21 @@ impl Inner {
             // Fault injection may drop, duplicate or reorder what leaves:
             // a payload is placed only when the packet surely follows it.
             let place = !self.faults_on.load(Ordering::Acquire);
-            let sent = ll.send(ts, self.cfg.addr, &|| self.now(), place, |t| {
-                self.sent_inbox.fetch_add(1, Ordering::Relaxed);
+            // Read after the transmit path read `faults_on` for these
+            // datagrams: had it found faults on, this finds them ever on.
+            let intact = !self.faults_ever.load(Ordering::SeqCst);
+            // Counted once per batch: a locked increment per datagram
+            // waited each time for the datagram just copied into the
+            // inbox to leave the store buffer (x86).
+            let mut n = 0;
+            let sent = ll.send(ts, self.cfg.addr, &|| self.now(), place, intact, |t| {
+                n += 1;
                 self.note_sent(&t);
                 eng.recycle(t.payload);
             });
+            if n > 0 {
+                self.sent_inbox.fetch_add(n, Ordering::Relaxed);
+            }
             for _ in 0..sent.dropped {
                 eng.note_send_error();
             }
@@ -1192,7 +1209,11 @@ impl Inner {
                 let len = wire::PacketRepr::parse(dg.payload).map_or(0, |p| p.payload.len());
                 e.mem_mut().expect_placed(at, len);
             }
-            e.handle_datagram(now, &dg);
+            if p.intact {
+                e.handle_intact_datagram(now, &dg);
+            } else {
+                e.handle_datagram(now, &dg);
+            }
             if p.placed.is_some() && !e.mem_mut().end_placed() {
                 // Checked and refused (or not written where it was
                 // placed): the bytes are in memory the sender was allowed
@@ -1566,6 +1587,9 @@ impl Inner {
                             if n.holds_back() {
                                 n.delayed = std::mem::take(&mut o.delayed);
                             }
+                        }
+                        if new.is_some() {
+                            self.faults_ever.store(true, Ordering::SeqCst);
                         }
                         self.faults_on.store(new.is_some(), Ordering::Release);
                         *faults = new;
@@ -1959,6 +1983,7 @@ impl Device {
             mcast: Mutex::new(Vec::new()),
             mcast_on: AtomicBool::new(false),
             faults_on: AtomicBool::new(faults.is_some()),
+            faults_ever: AtomicBool::new(faults.is_some()),
             faults: Mutex::new(faults),
             epoch: local_link::monotonic_ns(),
             stop: AtomicBool::new(false),

@@ -255,7 +255,14 @@ impl LocalLink {
     /// Push `t` into `inbox` of slot `slot`, placing its payload first if
     /// it is a WRITE ONLY's first transmission that the peer's tables
     /// accept (`place`: nothing in the way, such as fault injection).
-    fn push(&self, inbox: &Inbox, slot: usize, t: &Transmit, place: bool) -> Result<(), PushError> {
+    fn push(
+        &self,
+        inbox: &Inbox,
+        slot: usize,
+        t: &Transmit,
+        place: bool,
+        intact: bool,
+    ) -> Result<(), PushError> {
         let tos = t.ecn.tos(t.dscp);
         let write = place
             && self.placement
@@ -266,7 +273,11 @@ impl LocalLink {
             .then(|| wire::PacketRepr::parse(&t.payload).ok())
             .flatten();
         let Some((pkt, reth)) = parsed.and_then(|p| p.reth.map(|r| (p, r))) else {
-            return inbox.push(self.slot, t.info.src_port, tos, &t.payload);
+            return if intact {
+                inbox.push_intact(self.slot, t.info.src_port, tos, &t.payload)
+            } else {
+                inbox.push(self.slot, t.info.src_port, tos, &t.payload)
+            };
         };
         let p = Placement {
             qpn: pkt.bth.dest_qpn,
@@ -275,7 +286,7 @@ impl LocalLink {
             va: reth.va,
             data: pkt.payload,
         };
-        match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p)? {
+        match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p, intact)? {
             Ok(_) => {
                 self.placed.fetch_add(1, Ordering::Relaxed);
             }
@@ -395,6 +406,7 @@ impl LocalLink {
         addr: std::net::IpAddr,
         now: &dyn Fn() -> Instant,
         place: bool,
+        intact: bool,
         mut sent: impl FnMut(Transmit),
     ) -> Sent {
         let mut out = Sent::default();
@@ -448,27 +460,27 @@ impl LocalLink {
             }
             let mut retried = false;
             loop {
-                let inbox = match &cur {
-                    Some((s, i)) if *s == slot => i.clone(),
-                    _ => match self.inbox(slot, now) {
-                        Some(i) => {
-                            cur = Some((slot, i.clone()));
-                            i
-                        }
+                // Borrowed, not cloned: a reference count's locked
+                // increment per datagram waited each time for the
+                // previous datagram's bytes to leave the store buffer.
+                if !matches!(&cur, Some((s, _)) if *s == slot) {
+                    match self.inbox(slot, now) {
+                        Some(i) => cur = Some((slot, i)),
                         None => {
                             out.udp.push(t);
                             break;
                         }
-                    },
-                };
-                match self.push(&inbox, slot, &t, place) {
+                    }
+                }
+                let inbox = &cur.as_ref().expect("just set").1;
+                match self.push(inbox, slot, &t, place, intact) {
                     Ok(()) => {
                         sent(t);
-                        pending.kick_later(&inbox);
+                        pending.kick_later(inbox);
                     }
                     Err(PushError::Full) => {
                         pending.queue(slot, t, &mut out);
-                        pending.kick_later(&inbox);
+                        pending.kick_later(inbox);
                     }
                     Err(PushError::Closed) if !retried => {
                         // The slot may have a new owner with a new inbox.

@@ -982,6 +982,60 @@ fn fault_delay_holds_every_datagram_back_in_order_and_loses_none() {
     assert_eq!(&dst2[..], &pattern[..64]);
 }
 
+/// Between processes of one device a sender vouches for the ICRC of what
+/// it built, and its receiver then skips checking it; a datagram that
+/// fault injection corrupted is never vouched for, also when it leaves
+/// after the faults were turned off.
+#[test]
+fn a_datagram_corrupted_by_fault_injection_fails_its_receivers_icrc_check() {
+    let d = Daemon::start("icrc", "rxe0=127.0.21.21", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    // ACK timeout 14 (67 ms), 7 retries: a corrupted SEND is sent again.
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let pattern = pattern(256, 3);
+    let mut src = pattern.clone();
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 512];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
+    let send = |id: u64, at: u64| {
+        b.qp.post_recv(RecvWr {
+            wr_id: id,
+            sg_list: vec![bmr.sge(at, 256)],
+        })
+        .unwrap();
+        a.qp.post_send(SendWr::new(id, SendOp::Send, vec![amr.sge(0, 256)]))
+            .unwrap();
+    };
+    let done = |id: u64| {
+        let wc = a.cq.wait(1, WAIT).unwrap();
+        assert_eq!((wc[0].wr_id, wc[0].status), (id, WcStatus::Success));
+        let wc = b.cq.wait(1, WAIT).unwrap();
+        assert_eq!((wc[0].wr_id, wc[0].status), (id, WcStatus::Success));
+    };
+    send(1, 0);
+    done(1);
+    assert_eq!(b.dev.counters().rcvd_icrc_err, 0);
+    // Every datagram corrupted and held back for 5 s; then the faults are
+    // turned off and the held SEND leaves at once, corrupted: B drops it
+    // and counts it, A sends it again and it arrives whole.
+    let f = ask("FAULT rxe0 corrupt=1 delay_ns=5000000000 seed=9");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    send(2, 256);
+    std::thread::sleep(Duration::from_millis(20));
+    let f = ask("FAULT rxe0 seed=9");
+    assert!(f.contains("2 of 2 processes applied it"), "{f}");
+    done(2);
+    let cb = b.dev.counters();
+    assert_eq!(cb.rcvd_icrc_err, 1, "{cb:?}");
+    assert!(a.dev.counters().completer_retry_err >= 1);
+    drop(bmr);
+    assert_eq!(&dst[..256], &pattern[..]);
+    assert_eq!(&dst[256..], &pattern[..]);
+}
+
 #[test]
 fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
     let d = Daemon::start("trace", "rxe0=127.0.21.7", 8);
