@@ -220,6 +220,10 @@ const APP_POLL_GRACE: Duration = Duration::from_millis(1);
 /// 99th percentiles about half, bandwidth 82-91 MB/s against 70-82; on
 /// the host no change beyond noise.
 const MAX_SPIN_WAIT: Duration = Duration::from_millis(20);
+/// While the progress thread finds datagrams by spinning on its inbox, how
+/// often it still reads its wake pipe and the daemon's connection (each a
+/// system call).
+const HOUSEKEEPING: Duration = Duration::from_millis(1);
 /// [`MAX_SPIN_WAIT`] while UDP datagrams came or went within
 /// [`UDP_RECENT`] or a multicast group is joined: the application reads
 /// those sockets itself while it polls, the progress thread does not watch
@@ -1658,10 +1662,24 @@ impl Inner {
         let mut buf = vec![0u8; 65536];
         let mut wbuf = [0u8; 64];
         crate::sys::set_timer_slack_1ns();
+        // Set when the last round ended with a datagram found by spinning
+        // on the inbox (the thread never slept), and when this thread last
+        // read its wake pipe and the daemon's connection.
+        let mut spun = false;
+        let mut looked = self.now();
         while !self.stop.load(Ordering::SeqCst) {
-            while self.wake_rx.recv(&mut wbuf).is_ok() {}
-            self.check_control();
-            self.flush_control_out();
+            // Two system calls each round: a responder that serves a
+            // datagram per round (ib_read_lat's server, a stream's
+            // receiver) makes them only every HOUSEKEEPING while it spins.
+            // A wake left in the pipe ends a later wait early, once.
+            let now = self.now();
+            if !spun || now.saturating_duration_since(looked) >= HOUSEKEEPING {
+                looked = now;
+                while self.wake_rx.recv(&mut wbuf).is_ok() {}
+                self.check_control();
+                self.flush_control_out();
+            }
+            spun = false;
             // While an application spins on poll it reads the socket, fires
             // timers and sends held responses itself: stay off the core and
             // the lock (a wake preempts a spinning thread on a small
@@ -1799,6 +1817,7 @@ impl Inner {
             // sleeps; a datagram that came before it said so is read now.
             if self.spin_for_inbox() {
                 self.sleeping_until.store(0, Ordering::Release);
+                spun = true;
                 continue;
             }
             let inbox_quiet = self.local.as_ref().is_none_or(|l| l.own.sleep_begin());
