@@ -408,8 +408,14 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c
     }
     // SAFETY: a live CQ.
     let cqo = unsafe { cq(c) };
-    match cqo.cq.poll(n as usize) {
-        Ok(v) => {
+    // The thread's vector is reused: one allocation per poll less.
+    thread_local! {
+        static WCS: std::cell::Cell<Vec<WorkCompletion>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut v = WCS.take();
+    v.clear();
+    let r = match cqo.cq.poll_into(n as usize, &mut v) {
+        Ok(_) => {
             for (i, w) in v.iter().enumerate() {
                 // SAFETY: the caller's array has n >= v.len() entries.
                 unsafe { *wc.add(i) = wc_to_c(w) };
@@ -417,7 +423,10 @@ pub unsafe extern "C" fn poll_cq(c: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c
             v.len() as c_int
         }
         Err(e) => -crate::fail("ibv_poll_cq", &e),
-    }
+    };
+    v.clear();
+    WCS.set(v);
+    r
 }
 
 // --- ibv_cq_ex -------------------------------------------------------------

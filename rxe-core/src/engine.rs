@@ -862,6 +862,19 @@ impl<M: Memory> Engine<M> {
     /// Take up to `max` completions, oldest first. After an overrun, the
     /// completions that made it in are returned first, then an error.
     pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<WorkCompletion>> {
+        let mut out = Vec::new();
+        self.poll_cq_into(cq, max, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`Engine::poll_cq`], appending to `out` (a vector the caller
+    /// reuses: no allocation per poll). Returns how many were appended.
+    pub fn poll_cq_into(
+        &mut self,
+        cq: CqHandle,
+        max: usize,
+        out: &mut Vec<WorkCompletion>,
+    ) -> Result<usize> {
         let c = self
             .ctx
             .cqs
@@ -874,7 +887,8 @@ impl<M: Memory> Engine<M> {
             )));
         }
         let n = max.min(c.entries.len());
-        Ok(c.entries.drain(..n).collect())
+        out.extend(c.entries.drain(..n));
+        Ok(n)
     }
 
     /// Number of completions waiting in a CQ.

@@ -682,8 +682,12 @@ impl Inner {
         let had_deferred = !deferred.is_empty();
         let mut streaming = false;
         // What leaves now, in order, handed to the kernel in as few
-        // system calls as it takes (`send_all`).
-        let mut out = Vec::new();
+        // system calls as it takes (`send_all`). The thread's vector is
+        // reused: two allocations per message less (ib_send_lat).
+        thread_local! {
+            static OUT: std::cell::Cell<Vec<Transmit>> = const { std::cell::Cell::new(Vec::new()) };
+        }
+        let mut out = OUT.take();
         while let Some(t) = eng.poll_transmit() {
             any = true;
             if streaming || !is_response(&t.payload) || self.to_inbox(&t) {
@@ -712,7 +716,8 @@ impl Inner {
             }
         }
         drop(deferred);
-        self.send_all(eng, out);
+        self.send_all(eng, &mut out);
+        OUT.set(out);
         if any || had_deferred {
             self.after_transmit(eng);
         }
@@ -804,14 +809,14 @@ impl Inner {
             return;
         }
         let now = self.now();
-        let due: Vec<Transmit> = {
+        let mut due: Vec<Transmit> = {
             let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
             let Some(f) = faults.as_mut() else { return };
             let n = f.delayed.iter().take_while(|(d, _)| *d <= now).count();
             f.delayed.drain(..n).map(|(_, t)| t).collect()
         };
         if !due.is_empty() {
-            self.send_all(eng, due);
+            self.send_all(eng, &mut due);
         }
     }
 
@@ -871,14 +876,16 @@ impl Inner {
     }
 
     fn send(&self, eng: &mut Engine<HostMemory>, t: Transmit) {
-        self.send_all(eng, vec![t]);
+        self.send_all(eng, &mut vec![t]);
     }
 
     /// Hand datagrams to the kernel in order, consecutive ones from the
     /// same socket in one `sendmmsg` (a 64 KiB WRITE at path MTU 4096 is
     /// 16 datagrams: one system call instead of 16).
-    fn send_all(&self, eng: &mut Engine<HostMemory>, mut ts: Vec<Transmit>) {
-        if let Some(ll) = &self.local {
+    /// Takes (drains) every datagram of `ts`.
+    fn send_all(&self, eng: &mut Engine<HostMemory>, ts: &mut Vec<Transmit>) {
+        let mut udp;
+        let ts = if let Some(ll) = &self.local {
             if ts.is_empty() && !ll.has_pending() {
                 return;
             }
@@ -903,8 +910,11 @@ impl Inner {
             for _ in 0..sent.dropped {
                 eng.note_send_error();
             }
-            ts = sent.udp;
-        }
+            udp = sent.udp;
+            &mut udp
+        } else {
+            ts
+        };
         if ts.is_empty() {
             return;
         }
@@ -954,7 +964,7 @@ impl Inner {
             fd = next;
         }
         drop(senders);
-        for t in ts {
+        for t in ts.drain(..) {
             eng.recycle(t.payload);
         }
     }

@@ -402,7 +402,7 @@ impl LocalLink {
     /// datagrams for UDP and how many were dropped.
     pub(crate) fn send(
         &self,
-        ts: Vec<Transmit>,
+        ts: &mut Vec<Transmit>,
         addr: std::net::IpAddr,
         now: &dyn Fn() -> Instant,
         place: bool,
@@ -448,7 +448,7 @@ impl LocalLink {
         // The inbox of the last destination: consecutive datagrams usually
         // go to one peer, which then costs no lookup (lock) per datagram.
         let mut cur: Option<(usize, Arc<Inbox>)> = None;
-        for t in ts {
+        for t in ts.drain(..) {
             let Some(slot) = self.dest_slot(&t, addr) else {
                 out.udp.push(t);
                 continue;

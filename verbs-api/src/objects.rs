@@ -676,6 +676,15 @@ impl CompletionQueue {
     /// application gets its completions without waiting for the progress
     /// thread to be scheduled.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        let mut out = Vec::new();
+        self.poll_into(max, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`CompletionQueue::poll`], appending to `out` (a vector the
+    /// caller reuses: no allocation per poll). Returns how many were
+    /// appended.
+    pub fn poll_into(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize> {
         let inner = &self.dev.inner;
         // Whether the application, having got these completions, may now
         // stop polling (see `Inner::note_app_poll`).
@@ -683,10 +692,11 @@ impl CompletionQueue {
             wcs.last()
                 .is_some_and(|wc| !e.qp_awaits_completions(wc.qp_num))
         };
+        let start = out.len();
         let (first, armed, leave) = {
             let mut e = inner.lock();
-            let first = e.poll_cq(self.h, max)?;
-            let leave = may_leave(&e, &first);
+            let first = e.poll_cq_into(self.h, max, out)?;
+            let leave = may_leave(&e, &out[start..]);
             (first, e.cq_armed(self.h), leave)
         };
         // Polling an armed CQ is the last look before sleeping on its
@@ -696,7 +706,7 @@ impl CompletionQueue {
         // were only empty polls counted, a progress thread that took the
         // datagrams first (so the polls find completions) would keep
         // thinking the application idle, and keep preempting it.
-        if !first.is_empty() {
+        if first > 0 {
             if !armed {
                 inner.note_app_poll(leave);
             }
@@ -705,8 +715,8 @@ impl CompletionQueue {
         crate::device::with_rx_buf(|b| inner.progress(b, !armed, Some(self.h)));
         let (second, leave) = {
             let mut e = inner.lock();
-            let second = e.poll_cq(self.h, max)?;
-            let leave = may_leave(&e, &second);
+            let second = e.poll_cq_into(self.h, max, out)?;
+            let leave = may_leave(&e, &out[start..]);
             (second, leave)
         };
         if !armed {
