@@ -41,7 +41,8 @@
 //!   consumer only);
 //! - then the rings' data, `ring size` bytes each, page-aligned: records
 //!   of an 8-byte header (u32 length, u16 UDP source port, u8 IP TOS, u8
-//!   flags: bit 0 "placed", bit 1 "ICRC right as built") and
+//!   flags: bit 0 "placed", bit 1 "ICRC right as built", bit 2 "ICRC
+//!   not written yet", see [`Icrc`]) and
 //!   the datagram padded to 8 bytes, then, if placed, the u64 host address
 //!   its payload was written to; a length of `u32::MAX` means "the
 //!   rest of this lap is unused, continue at offset 0". A producer writes
@@ -239,8 +240,45 @@ pub struct Popped {
     /// Where the sender wrote its payload in this process's memory, if it
     /// placed it ([`Inbox::place`]).
     pub placed: Option<u64>,
-    /// The sender vouched for its ICRC ([`Inbox::push_intact`]).
-    pub intact: bool,
+    /// What the sender said of its ICRC ([`Inbox::push_with`]).
+    pub icrc: Icrc,
+}
+
+/// What a producer says of a datagram's ICRC (its last four bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Icrc {
+    /// Nothing: the consumer checks it, as for a datagram from anywhere.
+    Unchecked,
+    /// Right: this process built the datagram and nothing changed it
+    /// since (no fault injection), so the consumer may skip checking it.
+    /// The ICRC guards against bits changed on the way, which shared
+    /// memory does not do; it authenticates nothing (any sender can
+    /// compute it), so a sender that lies gains nothing it did not have.
+    Right,
+    /// As `Right`, but not written yet (zeros): right once written
+    /// (`wire::icrc::write` with the addresses and ports the consumer
+    /// knows). A consumer that looks at the bytes (a tracer) writes it
+    /// first.
+    Unwritten,
+}
+
+impl Icrc {
+    fn flags(self) -> u8 {
+        match self {
+            Icrc::Unchecked => 0,
+            Icrc::Right => 2,
+            Icrc::Unwritten => 2 | 4,
+        }
+    }
+
+    fn from_flags(f: u8) -> Icrc {
+        match (f & 2 != 0, f & 4 != 0) {
+            (true, true) => Icrc::Unwritten,
+            (true, false) => Icrc::Right,
+            // Bit 2 alone is no flag a producer writes: check.
+            (false, _) => Icrc::Unchecked,
+        }
+    }
 }
 
 /// A process's view of an inbox: its own (to consume) or another
@@ -337,24 +375,20 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
     ) -> Result<(), PushError> {
-        self.push_record(ring, src_port, tos, datagram, None, false)
+        self.push_record(ring, src_port, tos, datagram, None, Icrc::Unchecked)
     }
 
-    /// Producer: as [`Inbox::push`], for a datagram whose ICRC is right:
-    /// this process built it and nothing changed it since (no fault
-    /// injection). The consumer may then skip checking it
-    /// ([`Popped::intact`]). The ICRC guards against bits changed on the
-    /// way, which shared memory does not do; it authenticates nothing (any
-    /// sender can compute it), so a sender that lies gains nothing it did
-    /// not have.
-    pub fn push_intact(
+    /// Producer: as [`Inbox::push`], saying what `icrc` says of the
+    /// datagram's ICRC.
+    pub fn push_with(
         &self,
         ring: usize,
         src_port: u16,
         tos: u8,
         datagram: &[u8],
+        icrc: Icrc,
     ) -> Result<(), PushError> {
-        self.push_record(ring, src_port, tos, datagram, None, true)
+        self.push_record(ring, src_port, tos, datagram, None, icrc)
     }
 
     fn push_record(
@@ -364,7 +398,7 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
         placed: Option<u64>,
-        intact: bool,
+        icrc: Icrc,
     ) -> Result<(), PushError> {
         if self.is_closed() {
             return Err(PushError::Closed);
@@ -394,7 +428,7 @@ impl Inbox {
         hdr[..4].copy_from_slice(&(datagram.len() as u32).to_le_bytes());
         hdr[4..6].copy_from_slice(&src_port.to_le_bytes());
         hdr[6] = tos;
-        hdr[7] = u8::from(placed.is_some()) | u8::from(intact) << 1;
+        hdr[7] = u8::from(placed.is_some()) | icrc.flags();
         self.map.write(base + off, &hdr);
         self.map.write(base + off + REC, datagram);
         if let Some(at) = placed {
@@ -588,7 +622,7 @@ impl Inbox {
             }
             let len = len as usize;
             let placed = hdr[7] & 1 != 0;
-            let intact = hdr[7] & 2 != 0;
+            let icrc = Icrc::from_flags(hdr[7]);
             let need = (REC + pad8(len) + if placed { 8 } else { 0 }) as u64;
             if len > MAX_DATAGRAM
                 || len > buf.len()
@@ -615,7 +649,7 @@ impl Inbox {
                 tos: hdr[6],
                 len,
                 placed,
-                intact,
+                icrc,
             });
         }
     }

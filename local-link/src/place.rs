@@ -338,7 +338,7 @@ impl Inbox {
     /// Nothing is written unless the record fits in the ring, so a placed
     /// payload is always followed by its packet. Returns the push's
     /// result and, inside, where the payload was placed or why not.
-    /// `intact`: as [`Inbox::push_intact`].
+    /// `icrc`: as for [`Inbox::push_with`].
     ///
     /// Call it only with nothing before `datagram` for this inbox still
     /// waiting to be pushed, and from one thread of the process at a time.
@@ -349,13 +349,13 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
         p: &Placement<'_>,
-        intact: bool,
+        icrc: crate::Icrc,
     ) -> Result<Result<u64, PlaceError>, PushError> {
         if !self.has_room_placed(ring, datagram.len())? {
             return Err(PushError::Full);
         }
         let placed = self.place(ring, p);
-        self.push_record(ring, src_port, tos, datagram, placed.ok(), intact)?;
+        self.push_record(ring, src_port, tos, datagram, placed.ok(), icrc)?;
         Ok(placed)
     }
 

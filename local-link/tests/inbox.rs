@@ -319,18 +319,27 @@ fn a_conversation_of_small_datagrams_stays_in_the_first_pages_of_its_ring() {
 }
 
 #[test]
-fn a_datagram_pushed_intact_pops_intact_and_no_other() {
+fn what_a_sender_says_of_the_icrc_reaches_the_consumer() {
+    use local_link::Icrc;
     let f = InboxFile::create("t", 2, RING).unwrap();
     let (tx, rx) = (open(&f), open(&f));
     let mut buf = vec![0u8; MAX_DATAGRAM];
     tx.push(1, 1, 0, b"checked").unwrap();
-    tx.push_intact(1, 2, 3, b"vouched").unwrap();
+    tx.push_with(1, 2, 3, b"vouched", Icrc::Right).unwrap();
+    tx.push_with(1, 4, 5, b"unwritten", Icrc::Unwritten)
+        .unwrap();
     let p = rx.pop(&mut buf).unwrap();
     assert_eq!(
-        (&buf[..p.len], p.intact, p.placed),
-        (&b"checked"[..], false, None)
+        (&buf[..p.len], p.icrc, p.placed),
+        (&b"checked"[..], Icrc::Unchecked, None)
     );
     let p = rx.pop(&mut buf).unwrap();
     assert_eq!((&buf[..p.len], p.src_port, p.tos), (&b"vouched"[..], 2, 3));
-    assert_eq!((p.intact, p.placed), (true, None));
+    assert_eq!((p.icrc, p.placed), (Icrc::Right, None));
+    let p = rx.pop(&mut buf).unwrap();
+    assert_eq!(
+        (&buf[..p.len], p.src_port, p.tos),
+        (&b"unwritten"[..], 4, 5)
+    );
+    assert_eq!((p.icrc, p.placed), (Icrc::Unwritten, None));
 }

@@ -70,7 +70,9 @@ fn try_place(tx: &Inbox, rx: &Inbox, psn: u32, va: u64, data: &[u8]) -> Result<u
         va,
         data,
     };
-    let r = tx.place_and_push(1, 4791, 0, &packet, &p, false).unwrap();
+    let r = tx
+        .place_and_push(1, 4791, 0, &packet, &p, local_link::Icrc::Unchecked)
+        .unwrap();
     // The packet follows either way, marked with where it was placed.
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let got = rx.pop(&mut buf).unwrap();
@@ -189,7 +191,7 @@ fn nothing_is_placed_unless_the_packet_fits_in_the_ring_after_it() {
         data: &[9; 8],
     };
     assert_eq!(
-        tx.place_and_push(1, 1, 0, &big, &p, false),
+        tx.place_and_push(1, 1, 0, &big, &p, local_link::Icrc::Unchecked),
         Err(PushError::Full)
     );
     assert_eq!(t.now(), vec![0u8; 64], "nothing placed");

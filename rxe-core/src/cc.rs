@@ -1071,6 +1071,7 @@ pub(crate) fn notification_point<M>(
         ecn: Ecn::NotEct,
         dscp,
         fresh: false,
+        icrc: true,
     });
     count!(ctx, qp, np_cnp_sent);
 }

@@ -187,6 +187,19 @@ pub struct Transmit {
     /// PSN left the QP before (retransmissions, responses, ACKs and CNPs
     /// are not).
     pub fresh: bool,
+    /// Whether its ICRC is written (always, unless the driver asked to
+    /// write it itself: [`Engine::defer_icrc`]).
+    pub icrc: bool,
+}
+
+impl Transmit {
+    /// Write the ICRC if it is not written yet.
+    pub fn write_icrc(&mut self) {
+        if !self.icrc {
+            wire::icrc::write(&self.info, &mut self.payload);
+            self.icrc = true;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -220,6 +233,9 @@ pub(crate) struct Ctx<M> {
     /// Times a QP entered ERR so far (a fault, or a modify).
     pub qp_errors: u64,
     pub tracing: bool,
+    /// Request packets and responses leave without their ICRC
+    /// ([`Engine::defer_icrc`]).
+    pub defer_icrc: bool,
     pub notify: VecDeque<CqHandle>,
     pub counters: Counters,
     pub cfg: EngineConfig,
@@ -399,6 +415,7 @@ impl<M: Memory> Engine<M> {
                 notes: VecDeque::new(),
                 qp_errors: 0,
                 tracing: false,
+                defer_icrc: false,
                 counters: Counters::default(),
                 cfg,
             },
@@ -919,6 +936,17 @@ impl<M: Memory> Engine<M> {
             .cqs
             .get(&cq)
             .is_some_and(|c| c.arm != crate::cq::Arm::None)
+    }
+
+    /// Leave the ICRC of the packets built from now on to the driver:
+    /// their last four bytes are zero and [`Transmit::icrc`] is false until
+    /// [`Transmit::write_icrc`] fills them. A driver that hands most
+    /// packets to a peer on the same host that does not check them
+    /// (`local_link::Icrc::Unwritten`) computes it only for those that
+    /// leave by UDP or meet fault injection or a tracer. CNPs are always
+    /// complete.
+    pub fn defer_icrc(&mut self, on: bool) {
+        self.ctx.defer_icrc = on;
     }
 
     /// Explain QP state changes from now on ([`Engine::poll_note`]), for

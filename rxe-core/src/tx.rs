@@ -149,7 +149,10 @@ pub(crate) fn emit<M, E>(
         ipv4_id: 0,
         ipv4_flags_frag: 0x4000,
     };
-    wire::icrc::write(&info, &mut buf);
+    let icrc = !ctx.defer_icrc;
+    if icrc {
+        wire::icrc::write(&info, &mut buf);
+    }
     ctx.counters.sent_pkts += 1;
     // A ConnectX-like device marks its packets ECN-capable: ECT(0), the
     // codepoint of the ToS 106 (DSCP 26 | ECT(0)) that public mlx5 setups
@@ -167,6 +170,7 @@ pub(crate) fn emit<M, E>(
         ecn,
         dscp: 0,
         fresh: false,
+        icrc,
     });
     Ok(())
 }

@@ -46,9 +46,13 @@ fn mr(
 /// reply, an atomic), with the acknowledgements and responses. With
 /// `garbage`, each node is first given buffers full of 0xee of both sizes,
 /// and each packet's buffer is handed back (overwritten with 0xee) once
-/// delivered.
-fn traffic(garbage: bool) -> Vec<Vec<u8>> {
+/// delivered. With `defer`, the nodes leave the ICRC to the driver
+/// (`Engine::defer_icrc`), which writes it before delivering.
+fn traffic(garbage: bool, defer: bool) -> Vec<Vec<u8>> {
     let (mut n, a, b) = setup();
+    for node in 0..2 {
+        n.node(node).defer_icrc(defer);
+    }
     let (src, src_lkey, _) = mr(&mut n, 0, a.pd, 8192, 1);
     let (dst, dst_lkey, dst_rkey) = mr(&mut n, 1, b.pd, 8192, 100);
     if garbage {
@@ -118,8 +122,16 @@ fn traffic(garbage: bool) -> Vec<Vec<u8>> {
         loop {
             let mut moved = false;
             for (from, to) in [(0, 1), (1, 0)] {
-                let ts = n.take_transmits(from);
+                let mut ts = n.take_transmits(from);
                 moved |= !ts.is_empty();
+                for t in &mut ts {
+                    assert_eq!(t.icrc, !defer);
+                    if defer {
+                        assert_eq!(t.payload[t.payload.len() - 4..], [0; 4]);
+                        t.write_icrc();
+                        assert!(t.icrc);
+                    }
+                }
                 n.deliver_now(to, &ts);
                 for t in ts {
                     wire.push(t.payload.clone());
@@ -140,8 +152,8 @@ fn traffic(garbage: bool) -> Vec<Vec<u8>> {
 
 #[test]
 fn packets_built_in_recycled_buffers_are_the_same_bytes() {
-    let fresh = traffic(false);
-    let recycled = traffic(true);
+    let fresh = traffic(false, false);
+    let recycled = traffic(true, false);
     assert!(
         fresh.len() >= 12,
         "the traffic ran: {} packets",
@@ -150,5 +162,17 @@ fn packets_built_in_recycled_buffers_are_the_same_bytes() {
     assert_eq!(fresh.len(), recycled.len());
     for (i, (f, r)) in fresh.iter().zip(&recycled).enumerate() {
         assert_eq!(f, r, "packet {i}");
+    }
+}
+
+#[test]
+fn packets_whose_icrc_the_driver_writes_are_the_same_bytes() {
+    let whole = traffic(false, false);
+    for garbage in [false, true] {
+        let deferred = traffic(garbage, true);
+        assert_eq!(whole.len(), deferred.len());
+        for (i, (w, d)) in whole.iter().zip(&deferred).enumerate() {
+            assert_eq!(w, d, "packet {i}");
+        }
     }
 }

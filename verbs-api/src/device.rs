@@ -752,10 +752,13 @@ impl Inner {
         let Some(f) = faults.as_mut() else {
             return out.push(t);
         };
+        // What faults do (corrupt a bit, hold it back) is done to the
+        // whole packet, as on a wire.
+        let mut t = t;
+        t.write_icrc();
         if f.rng.chance(f.cfg.loss) {
             return;
         }
-        let mut t = t;
         if f.rng.chance(f.cfg.corrupt) && !t.payload.is_empty() {
             let bit = f.rng.below(t.payload.len() as u64 * 8);
             t.payload[(bit / 8) as usize] ^= 1 << (bit % 8);
@@ -918,6 +921,10 @@ impl Inner {
         if ts.is_empty() {
             return;
         }
+        // On the wire a packet carries its ICRC (Engine::defer_icrc).
+        for t in ts.iter_mut() {
+            t.write_icrc();
+        }
         self.udp_seen
             .store(self.now().as_nanos().max(1), Ordering::Relaxed);
         let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
@@ -998,7 +1005,15 @@ impl Inner {
     /// A datagram left: the tracer sees it.
     fn note_sent(&self, t: &Transmit) {
         if self.tracing.load(Ordering::Relaxed) {
-            self.trace_packet('t', &t.info, &t.payload, t.ecn.tos(t.dscp));
+            // The tracer shows the packet whole, also one whose ICRC was
+            // left to its receiver (Engine::defer_icrc).
+            if t.icrc {
+                self.trace_packet('t', &t.info, &t.payload, t.ecn.tos(t.dscp));
+            } else {
+                let mut whole = t.clone();
+                whole.write_icrc();
+                self.trace_packet('t', &t.info, &whole.payload, t.ecn.tos(t.dscp));
+            }
         }
     }
 
@@ -1205,6 +1220,20 @@ impl Inner {
         let Some(ll) = &self.local else { return false };
         while let Some(p) = ll.own.pop(buf) {
             r.handled += 1;
+            let tracing = self.tracing.load(Ordering::Relaxed);
+            if p.icrc == local_link::Icrc::Unwritten && tracing {
+                // The tracer shows the packet whole: write the ICRC its
+                // sender left out, with the addresses it would have used.
+                let info = wire::icrc::IpUdpInfo {
+                    src: self.cfg.addr,
+                    dst: self.cfg.addr,
+                    src_port: p.src_port,
+                    dst_port: wire::ROCEV2_UDP_PORT,
+                    ipv4_id: 0,
+                    ipv4_flags_frag: 0x4000,
+                };
+                wire::icrc::write(&info, &mut buf[..p.len]);
+            }
             let now = self.now();
             self.local_rx.store(now.as_nanos(), Ordering::Relaxed);
             let dg = RxDatagram {
@@ -1216,17 +1245,17 @@ impl Inner {
                 payload: &buf[..p.len],
                 ecn: rxe_core::Ecn::from_tos(p.tos),
             };
-            if self.tracing.load(Ordering::Relaxed) {
+            if tracing {
                 self.trace_packet('r', &rx_info(&dg), dg.payload, p.tos);
             }
             if let Some(at) = p.placed {
                 let len = wire::PacketRepr::parse(dg.payload).map_or(0, |p| p.payload.len());
                 e.mem_mut().expect_placed(at, len);
             }
-            if p.intact {
-                e.handle_intact_datagram(now, &dg);
-            } else {
+            if p.icrc == local_link::Icrc::Unchecked {
                 e.handle_datagram(now, &dg);
+            } else {
+                e.handle_intact_datagram(now, &dg);
             }
             if p.placed.is_some() && !e.mem_mut().end_placed() {
                 // Checked and refused (or not written where it was
@@ -1999,8 +2028,13 @@ impl Device {
             r.map_err(|e| Error::Io(format!("IP_RECVTOS on the device's socket: {e}")))?;
         }
         let faults = cfg.fault.map(Faults::new);
+        let mut engine = Engine::new(ecfg, HostMemory::default());
+        // With an inbox most packets go to processes of this host, which
+        // need no ICRC from a process that never injected faults: it is
+        // written only where it is looked at (UDP, faults, tracers).
+        engine.defer_icrc(local.is_some());
         let inner = Arc::new(Inner {
-            engine: Mutex::new(Engine::new(ecfg, HostMemory::default())),
+            engine: Mutex::new(engine),
             channels: Mutex::new(FxHashMap::default()),
             events: Mutex::new(std::collections::VecDeque::new()),
             event_tx,

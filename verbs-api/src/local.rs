@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use local_link::{Inbox, PlaceError, PlaceableMr, PlaceableQp, Placement, PushError};
+use local_link::{Icrc, Inbox, PlaceError, PlaceableMr, PlaceableQp, Placement, PushError};
 use rxe_core::{Engine, Instant, Transmit};
 
 use crate::hostmem::HostMemory;
@@ -61,10 +61,12 @@ struct Pending {
 impl Pending {
     /// Queue `t` behind what waits for `slot`, or drop it past
     /// [`MAX_PENDING_BYTES`] (counted in `out`).
-    fn queue(&mut self, slot: usize, t: Transmit, out: &mut Sent) {
+    fn queue(&mut self, slot: usize, mut t: Transmit, out: &mut Sent) {
         if self.bytes + t.payload.len() > MAX_PENDING_BYTES {
             out.dropped += 1;
         } else {
+            // Pushed later without a word on its ICRC: complete it.
+            t.write_icrc();
             self.bytes += t.payload.len();
             self.queues.entry(slot).or_default().push_back(t);
         }
@@ -259,11 +261,21 @@ impl LocalLink {
         &self,
         inbox: &Inbox,
         slot: usize,
-        t: &Transmit,
+        t: &mut Transmit,
         place: bool,
         intact: bool,
     ) -> Result<(), PushError> {
         let tos = t.ecn.tos(t.dscp);
+        // Vouched for: its ICRC need not even be written (the consumer
+        // writes it if it looks at the bytes). Otherwise it is checked.
+        let icrc = match (intact, t.icrc) {
+            (true, true) => Icrc::Right,
+            (true, false) => Icrc::Unwritten,
+            (false, _) => {
+                t.write_icrc();
+                Icrc::Unchecked
+            }
+        };
         let write = place
             && self.placement
             && t.fresh
@@ -273,11 +285,7 @@ impl LocalLink {
             .then(|| wire::PacketRepr::parse(&t.payload).ok())
             .flatten();
         let Some((pkt, reth)) = parsed.and_then(|p| p.reth.map(|r| (p, r))) else {
-            return if intact {
-                inbox.push_intact(self.slot, t.info.src_port, tos, &t.payload)
-            } else {
-                inbox.push(self.slot, t.info.src_port, tos, &t.payload)
-            };
+            return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
         };
         let p = Placement {
             qpn: pkt.bth.dest_qpn,
@@ -286,7 +294,7 @@ impl LocalLink {
             va: reth.va,
             data: pkt.payload,
         };
-        match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p, intact)? {
+        match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p, icrc)? {
             Ok(_) => {
                 self.placed.fetch_add(1, Ordering::Relaxed);
             }
@@ -448,7 +456,7 @@ impl LocalLink {
         // The inbox of the last destination: consecutive datagrams usually
         // go to one peer, which then costs no lookup (lock) per datagram.
         let mut cur: Option<(usize, Arc<Inbox>)> = None;
-        for t in ts.drain(..) {
+        for mut t in ts.drain(..) {
             let Some(slot) = self.dest_slot(&t, addr) else {
                 out.udp.push(t);
                 continue;
@@ -473,7 +481,7 @@ impl LocalLink {
                     }
                 }
                 let inbox = &cur.as_ref().expect("just set").1;
-                match self.push(inbox, slot, &t, place, intact) {
+                match self.push(inbox, slot, &mut t, place, intact) {
                     Ok(()) => {
                         sent(t);
                         pending.kick_later(inbox);
