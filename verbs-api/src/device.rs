@@ -295,6 +295,8 @@ pub(crate) struct Inner {
     /// application's next poll or post, or, if it stopped polling without
     /// arming a CQ, by the progress thread within about [`APP_POLL_GRACE`].
     deferred: Mutex<Vec<Transmit>>,
+    /// `deferred` is not empty: a poll looks at this, not the mutex.
+    deferred_any: AtomicBool,
     senders: Mutex<FxHashMap<u16, Option<UdpSocket>>>,
     /// One socket per multicast group a QP of this device is attached to,
     /// bound to the group's address and port 4791 and joined on the
@@ -715,6 +717,8 @@ impl Inner {
                 self.transmit(t, &mut out);
             }
         }
+        self.deferred_any
+            .store(!deferred.is_empty(), Ordering::Release);
         drop(deferred);
         self.send_all(eng, &mut out);
         OUT.set(out);
@@ -734,11 +738,7 @@ impl Inner {
 
     /// Whether responses are waiting for a flush.
     fn has_deferred(&self) -> bool {
-        !self
-            .deferred
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+        self.deferred_any.load(Ordering::Acquire)
     }
 
     /// One datagram through fault injection (if configured): what is to
@@ -1145,6 +1145,30 @@ impl Inner {
         if !flushed {
             self.flush_with(&mut e, app);
         }
+    }
+
+    /// Whether an application's poll of an empty CQ would find nothing to
+    /// do in [`Inner::progress`]: no datagram in the inbox, no UDP to read
+    /// (polls read the socket only while UDP is in use), no multicast,
+    /// nothing held back, waiting for room or for a kick, no fault
+    /// injection, no timer due. Called with the engine locked. Such a
+    /// poll then costs one lock and a few loads, not three locks, a
+    /// flush and clock reads: a spinning application notices what comes
+    /// next sooner (in the TCG guest each empty poll took microseconds).
+    pub(crate) fn idle_for_poll(&self, e: &Engine<HostMemory>) -> bool {
+        let Some(l) = &self.local else { return false };
+        if l.own.has_data()
+            || l.has_pending()
+            || l.any_unkicked()
+            || self.has_deferred()
+            || self.mcast_on.load(Ordering::Acquire)
+            || self.faults_on.load(Ordering::Acquire)
+            || self.udp_in_use()
+        {
+            return false;
+        }
+        let now = self.now();
+        e.poll_timeout().is_none_or(|d| d > now)
     }
 
     /// An application thread posted work; returns the time it did.
@@ -2057,6 +2081,7 @@ impl Device {
             wake_tx,
             wake_rx,
             deferred: Mutex::new(Vec::new()),
+            deferred_any: AtomicBool::new(false),
             control,
             control_buf: Mutex::new(Vec::new()),
             control_out: Mutex::new(Vec::new()),

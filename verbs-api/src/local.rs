@@ -400,6 +400,11 @@ impl LocalLink {
             .store(!pending.unkicked.is_empty(), Ordering::Release);
     }
 
+    /// Whether inboxes written without a kick wait for [`LocalLink::rekick`].
+    pub(crate) fn any_unkicked(&self) -> bool {
+        self.any_unkicked.load(Ordering::Acquire)
+    }
+
     /// Whether datagrams wait for room in a full inbox.
     pub(crate) fn has_pending(&self) -> bool {
         self.any_pending.load(Ordering::Acquire)

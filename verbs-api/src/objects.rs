@@ -693,12 +693,18 @@ impl CompletionQueue {
                 .is_some_and(|wc| !e.qp_awaits_completions(wc.qp_num))
         };
         let start = out.len();
-        let (first, armed, leave) = {
+        let (first, armed, leave, idle) = {
             let mut e = inner.lock();
             let first = e.poll_cq_into(self.h, max, out)?;
             let leave = may_leave(&e, &out[start..]);
-            (first, e.cq_armed(self.h), leave)
+            let armed = e.cq_armed(self.h);
+            let idle = first == 0 && !armed && inner.idle_for_poll(&e);
+            (first, armed, leave, idle)
         };
+        if idle {
+            inner.note_app_poll(false);
+            return Ok(0);
+        }
         // Polling an armed CQ is the last look before sleeping on its
         // channel: leave the socket to the progress thread, and hold no
         // responses for a next poll that may not come. Any other poll,
