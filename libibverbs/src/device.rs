@@ -326,6 +326,15 @@ fn new_context(dev: *mut ibv_device, d: Device, cmd_fd: c_int) -> *mut ibv_conte
         dev: d.clone(),
         reg: Mutex::new(Registry::default()),
     }));
+    // Responses held back by the last poll leave when the process exits
+    // with the context still open (closing it sends them too).
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a handler with no arguments that touches only
+        // our statics; glibc runs it at exit, or at dlclose of this library
+        // (atexit in a shared object is __cxa_atexit with its handle).
+        unsafe { libc::atexit(flush_at_exit) };
+    });
     if let Some((sd, si)) = fd_identity(cmd_fd) {
         let key = c as *const Ctx as usize;
         CMD_FDS
@@ -334,6 +343,15 @@ fn new_context(dev: *mut ibv_device, d: Device, cmd_fd: c_int) -> *mut ibv_conte
             .push((key, sd, si, d));
     }
     &mut c.vctx.context
+}
+
+/// At exit: every open context sends what its polls held back.
+extern "C" fn flush_at_exit() {
+    if let Ok(open) = CMD_FDS.try_lock() {
+        for (_, _, _, d) in open.iter() {
+            d.flush_held();
+        }
+    }
 }
 
 fn open(entry: &DevEntry) -> verbs_api::Result<Device> {

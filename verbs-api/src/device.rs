@@ -689,7 +689,8 @@ impl Inner {
         thread_local! {
             static OUT: std::cell::Cell<Vec<Transmit>> = const { std::cell::Cell::new(Vec::new()) };
         }
-        let mut out = OUT.take();
+        // (A flush at process exit finds the thread's storage gone.)
+        let mut out = OUT.try_with(|c| c.take()).unwrap_or_default();
         while let Some(t) = eng.poll_transmit() {
             any = true;
             if streaming || !is_response(&t.payload) || self.to_inbox(&t) {
@@ -721,7 +722,7 @@ impl Inner {
             .store(!deferred.is_empty(), Ordering::Release);
         drop(deferred);
         self.send_all(eng, &mut out);
-        OUT.set(out);
+        let _ = OUT.try_with(move |c| c.set(out));
         if any || had_deferred {
             self.after_transmit(eng);
         }
@@ -2177,6 +2178,18 @@ impl Device {
     /// Device limits (`ibv_query_device`): kernel rxe's values.
     pub fn query_device(&self) -> rxe_core::DeviceCaps {
         self.inner.lock().config().caps.clone()
+    }
+
+    /// Send now the responses an application's poll held back (as closing
+    /// the device does), for a process that exits without closing it: a
+    /// peer waits for the ACK of the last message this process received
+    /// (`ib_send_bw -z` against kernel rxe: the kernel retried its last
+    /// SEND for ever and never answered our DREQ). Does nothing if another
+    /// thread holds the engine (an exit must not wait for it).
+    pub fn flush_held(&self) {
+        if let Ok(mut e) = self.inner.engine.try_lock() {
+            self.inner.flush(&mut e);
+        }
     }
 
     /// Protocol counters.
