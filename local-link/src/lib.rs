@@ -670,11 +670,21 @@ impl Inbox {
     }
 
     /// Consumer: whether any ring holds a datagram.
+    /// Only the rings marked active are looked at, one step each: the
+    /// application's every empty poll asks, and a walk over all the rings
+    /// took 0.3 µs of each in the TCG guest.
     pub fn has_data(&self) -> bool {
-        let active = self.map.u64_at(OFF_ACTIVE).load(SeqCst);
-        (0..self.layout.rings)
-            .filter(|r| active & (1 << r) != 0)
-            .any(|r| self.head(r).load(SeqCst) != self.tail(r).load(SeqCst))
+        let n = self.layout.rings;
+        let mask = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let mut active = self.map.u64_at(OFF_ACTIVE).load(SeqCst) & mask;
+        while active != 0 {
+            let r = active.trailing_zeros() as usize;
+            active &= active - 1;
+            if self.head(r).load(SeqCst) != self.tail(r).load(SeqCst) {
+                return true;
+            }
+        }
+        false
     }
 
     /// Consumer, about to wait on [`Inbox::event_fd`]: say so, so that
