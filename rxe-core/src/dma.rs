@@ -80,7 +80,11 @@ pub(crate) fn scatter<M: Memory>(
     }
     // Check every piece before writing any, so a failed scatter leaves the
     // receive buffer untouched.
-    let mut pieces = Vec::with_capacity(sges.len().min(4));
+    // The first pieces on the stack: a message to one SGE allocates
+    // nothing.
+    let mut first = [(0u64, 0usize, 0usize); 4];
+    let mut n = 0;
+    let mut more = Vec::new();
     walk(sges, offset, data.len(), |s, off, take, pos| {
         let r = keys
             .check_local(
@@ -91,11 +95,17 @@ pub(crate) fn scatter<M: Memory>(
                 AccessFlags::LOCAL_WRITE,
             )
             .map_err(|e| format!("local SGE (addr {:#x}, lkey {:#x}): {e}", s.addr, s.lkey))?;
-        pieces.push((r.host_addr, pos, take));
+        match first.get_mut(n) {
+            Some(p) => {
+                *p = (r.host_addr, pos, take);
+                n += 1;
+            }
+            None => more.push((r.host_addr, pos, take)),
+        }
         Ok(())
     })
     .map_err(ScatterError::Protection)?;
-    for (addr, pos, take) in pieces {
+    for &(addr, pos, take) in first[..n].iter().chain(&more) {
         mem.write(addr, &data[pos..pos + take])
             .map_err(|e| ScatterError::Protection(e.to_string()))?;
     }

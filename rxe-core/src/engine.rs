@@ -1915,19 +1915,19 @@ impl<M: Memory> Engine<M> {
 
     /// Bring QP `qpn`'s entry of the timer index up to date.
     pub(crate) fn reindex(&mut self, qpn: u32) {
-        let new = self.qps.get(&qpn).and_then(Qp::next_deadline);
-        let old = self.qps.get(&qpn).and_then(|q| q.timer_key);
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let (old, new) = (q.timer_key, q.next_deadline());
         if old == new {
             return;
         }
+        q.timer_key = new;
         if let Some(t) = old {
             self.timers.remove(&(t, qpn));
         }
         if let Some(t) = new {
             self.timers.insert((t, qpn));
-        }
-        if let Some(q) = self.qps.get_mut(&qpn) {
-            q.timer_key = new;
         }
     }
 
