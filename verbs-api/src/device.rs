@@ -204,6 +204,12 @@ impl DeviceConfig {
 /// spin on: ib_send_lat typical 43-66 µs with 50 µs, 28-35 µs with 1 ms
 /// (interleaved runs in one guest, 2026-11-26); no change on the host.
 const APP_POLL_GRACE: Duration = Duration::from_millis(1);
+
+/// How often a polling application's stamp (`last_app_poll`, the inbox's
+/// last poll) is renewed while nothing else changes: a fiftieth of the
+/// 1 ms windows they are read against ([`APP_POLL_GRACE`], [`APP_ACTIVE`],
+/// `local_link::POLL_STALE`).
+const STAMP_EVERY: Duration = Duration::from_micros(20);
 /// The longest the progress thread sleeps while an application keeps
 /// polling: it looks after each grace period at first, then ever less
 /// often, so a long busy-poll is not preempted 20 000 times a second.
@@ -297,6 +303,10 @@ pub(crate) struct Inner {
     deferred: Mutex<Vec<Transmit>>,
     /// `deferred` is not empty: a poll looks at this, not the mutex.
     deferred_any: AtomicBool,
+    /// How many times the engine was locked: a poll that found its CQ idle
+    /// at one count finds it idle again, without the lock, while the count
+    /// stays (`CompletionQueue::poll_into`).
+    lock_count: std::sync::atomic::AtomicU64,
     senders: Mutex<FxHashMap<u16, Option<UdpSocket>>>,
     /// One socket per multicast group a QP of this device is attached to,
     /// bound to the group's address and port 4791 and joined on the
@@ -616,7 +626,7 @@ impl Inner {
     }
 
     /// The engine's time of a CLOCK_MONOTONIC reading.
-    fn at(&self, monotonic_ns: u64) -> Instant {
+    pub(crate) fn at(&self, monotonic_ns: u64) -> Instant {
         Instant::from_nanos(monotonic_ns.saturating_sub(self.epoch))
     }
 
@@ -652,7 +662,21 @@ impl Inner {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Engine<HostMemory>> {
         // A panic while holding the lock would be a bug in rxe-core; the
         // engine state is still structurally valid, so keep going.
-        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+        let e = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        self.count_lock();
+        e
+    }
+
+    /// Count a lock of the engine (with it held: no other writer).
+    fn count_lock(&self) {
+        let n = self.lock_count.load(Ordering::Relaxed).wrapping_add(1);
+        self.lock_count.store(n, Ordering::Release);
+    }
+
+    /// [`Inner::lock_count`] now: with the engine locked, the count of this
+    /// lock.
+    pub(crate) fn lock_count(&self) -> u64 {
+        self.lock_count.load(Ordering::Acquire)
     }
 
     /// Send what the engine has queued, responses held back earlier
@@ -680,8 +704,13 @@ impl Inner {
         }
         self.send_due(eng);
         let mut any = false;
-        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-        let had_deferred = !deferred.is_empty();
+        // The held responses' lock is taken only when some are held or
+        // one is to be: most flushes hold none (every response into an
+        // inbox leaves at once). `deferred_any` is written only here, with
+        // the engine locked, so it is exact under that lock.
+        let lock = || self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let had_deferred = self.deferred_any.load(Ordering::Acquire);
+        let mut deferred = had_deferred.then(lock);
         let mut streaming = false;
         // What leaves now, in order, handed to the kernel in as few
         // system calls as it takes (`send_all`). The thread's vector is
@@ -695,32 +724,35 @@ impl Inner {
             any = true;
             if streaming || !is_response(&t.payload) || self.to_inbox(&t) {
                 self.transmit(t, &mut out);
-            } else if deferred.len() < HOLD_MAX {
-                deferred.push(t);
+                continue;
+            }
+            let held = deferred.get_or_insert_with(lock);
+            if held.len() < HOLD_MAX {
+                held.push(t);
             } else {
                 streaming = true;
-                for h in std::mem::take(&mut *deferred) {
+                for h in std::mem::take(&mut **held) {
                     self.transmit(h, &mut out);
                 }
                 self.transmit(t, &mut out);
             }
         }
-        if hold && !deferred.is_empty() {
-            // A progress thread in a long sleep would not send them if the
-            // application stops polling: wake it.
-            let until = self.sleeping_until.load(Ordering::Acquire);
-            let soon = (self.now() + APP_POLL_GRACE).as_nanos();
-            if until != 0 && until > soon {
-                self.wake();
+        if let Some(mut held) = deferred {
+            if hold && !held.is_empty() {
+                // A progress thread in a long sleep would not send them if
+                // the application stops polling: wake it.
+                let until = self.sleeping_until.load(Ordering::Acquire);
+                let soon = (self.now() + APP_POLL_GRACE).as_nanos();
+                if until != 0 && until > soon {
+                    self.wake();
+                }
+            } else {
+                for t in std::mem::take(&mut *held) {
+                    self.transmit(t, &mut out);
+                }
             }
-        } else {
-            for t in std::mem::take(&mut *deferred) {
-                self.transmit(t, &mut out);
-            }
+            self.deferred_any.store(!held.is_empty(), Ordering::Release);
         }
-        self.deferred_any
-            .store(!deferred.is_empty(), Ordering::Release);
-        drop(deferred);
         self.send_all(eng, &mut out);
         let _ = OUT.try_with(move |c| c.set(out));
         if any || had_deferred {
@@ -1157,19 +1189,21 @@ impl Inner {
     /// flush and clock reads: a spinning application notices what comes
     /// next sooner (in the TCG guest each empty poll took microseconds).
     pub(crate) fn idle_for_poll(&self, e: &Engine<HostMemory>) -> bool {
+        let now = self.now();
+        self.nothing_to_drive(now) && e.poll_timeout().is_none_or(|d| d > now)
+    }
+
+    /// The conditions of [`Inner::idle_for_poll`] that need no engine: all
+    /// but the timers.
+    pub(crate) fn nothing_to_drive(&self, now: Instant) -> bool {
         let Some(l) = &self.local else { return false };
-        if l.own.has_data()
+        !(l.own.has_data()
             || l.has_pending()
             || l.any_unkicked()
             || self.has_deferred()
             || self.mcast_on.load(Ordering::Acquire)
             || self.faults_on.load(Ordering::Acquire)
-            || self.udp_in_use()
-        {
-            return false;
-        }
-        let now = self.now();
-        e.poll_timeout().is_none_or(|d| d > now)
+            || self.udp_in_use_at(now))
     }
 
     /// An application thread posted work; returns the time it did.
@@ -1232,10 +1266,14 @@ impl Inner {
     /// unless the device has the same-host path and no datagram came or
     /// went by UDP for [`UDP_RECENT`].
     fn udp_in_use(&self) -> bool {
-        self.local.is_none() || {
-            let seen = self.udp_seen.load(Ordering::Relaxed);
-            seen != 0 && self.now().as_nanos().saturating_sub(seen) < UDP_RECENT.as_nanos() as u64
-        }
+        self.local.is_none() || self.udp_in_use_at(self.now())
+    }
+
+    /// [`Inner::udp_in_use`] at `now`, for a device with the same-host
+    /// path.
+    fn udp_in_use_at(&self, now: Instant) -> bool {
+        let seen = self.udp_seen.load(Ordering::Relaxed);
+        seen != 0 && now.as_nanos().saturating_sub(seen) < UDP_RECENT.as_nanos() as u64
     }
 
     /// Read what this process's inbox holds into the engine, like
@@ -1421,9 +1459,25 @@ impl Inner {
     /// ib_read_lat went from 41-64 µs typical (avg 124-148) to 33-36
     /// (avg 53-75) in interleaved runs (2026-11-26).
     pub(crate) fn note_app_poll(&self, may_leave: bool) {
-        let mono = local_link::monotonic_ns();
-        self.last_app_poll
-            .store(self.at(mono).as_nanos().max(1), Ordering::SeqCst);
+        self.note_app_poll_at(may_leave, local_link::monotonic_ns());
+    }
+
+    /// [`Inner::note_app_poll`] at `mono` (CLOCK_MONOTONIC). A poll that
+    /// changes nothing (the application still polls) within
+    /// [`STAMP_EVERY`] of the last stamp writes nothing: its readers look
+    /// at 1 ms windows, and each stamp was a locked store here and a cache
+    /// line every sender then read from this process.
+    pub(crate) fn note_app_poll_at(&self, may_leave: bool, mono: u64) {
+        let stamp = self.at(mono).as_nanos().max(1);
+        let last = self.last_app_poll.load(Ordering::Relaxed);
+        if !may_leave
+            && last != 0
+            && stamp.saturating_sub(last) < STAMP_EVERY.as_nanos() as u64
+            && !self.app_left.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        self.last_app_poll.store(stamp, Ordering::SeqCst);
         let was_left = self.app_left.swap(may_leave, Ordering::SeqCst);
         if let Some(l) = &self.local {
             // Senders kick this process once its application has not
@@ -2083,6 +2137,7 @@ impl Device {
             wake_rx,
             deferred: Mutex::new(Vec::new()),
             deferred_any: AtomicBool::new(false),
+            lock_count: std::sync::atomic::AtomicU64::new(0),
             control,
             control_buf: Mutex::new(Vec::new()),
             control_out: Mutex::new(Vec::new()),
@@ -2188,6 +2243,7 @@ impl Device {
     /// thread holds the engine (an exit must not wait for it).
     pub fn flush_held(&self) {
         if let Ok(mut e) = self.inner.engine.try_lock() {
+            self.inner.count_lock();
             self.inner.flush(&mut e);
         }
     }

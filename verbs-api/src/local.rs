@@ -44,18 +44,23 @@ enum Peer {
     Udp(Instant),
 }
 
+/// What a sender keeps on its peers, under one lock: a datagram costs
+/// that one lock, and no reference count (each a locked instruction: an
+/// atomic helper call in the TCG guest).
 #[derive(Default)]
 struct Pending {
     /// Per destination slot, in order: datagrams its full inbox refused.
     queues: FxHashMap<usize, VecDeque<Transmit>>,
     bytes: usize,
-    /// The inboxes written by the current `send`, to kick once each at its
+    /// Per slot asked about: its inbox, or UDP until a time.
+    peers: FxHashMap<usize, Peer>,
+    /// The slots written by the current `send`, to kick once each at its
     /// end (kept here so a flush allocates nothing).
-    kick: Vec<Arc<Inbox>>,
-    /// Inboxes written but not kicked, their consumers' applications
-    /// having polled just before: kicked later, if those applications
-    /// stop polling before taking the datagrams (`LocalLink::rekick`).
-    unkicked: Vec<Arc<Inbox>>,
+    kick: Vec<usize>,
+    /// Slots written but not kicked, their consumers' applications having
+    /// polled just before: kicked later, if those applications stop
+    /// polling before taking the datagrams (`LocalLink::rekick`).
+    unkicked: Vec<usize>,
 }
 
 impl Pending {
@@ -72,9 +77,17 @@ impl Pending {
         }
     }
 
-    fn kick_later(&mut self, inbox: &Arc<Inbox>) {
-        if !self.kick.iter().any(|k| Arc::ptr_eq(k, inbox)) {
-            self.kick.push(inbox.clone());
+    fn kick_later(&mut self, slot: usize) {
+        if !self.kick.contains(&slot) {
+            self.kick.push(slot);
+        }
+    }
+
+    /// The inbox of `slot` as known (not closed).
+    fn known(&self, slot: usize) -> Option<&Arc<Inbox>> {
+        match self.peers.get(&slot) {
+            Some(Peer::Inbox(i)) if !i.is_closed() => Some(i),
+            _ => None,
         }
     }
 }
@@ -94,7 +107,6 @@ pub(crate) struct LocalLink {
     slot: usize,
     daemon: PathBuf,
     device: String,
-    peers: Mutex<FxHashMap<usize, Peer>>,
     pending: Mutex<Pending>,
     /// `pending.bytes > 0`, readable without the lock (the progress loop
     /// and every flush ask).
@@ -152,15 +164,14 @@ impl LocalLink {
         let placement = trusted
             && std::env::var("RXE_EMU_PLACEMENT").as_deref() != Ok("off")
             && own.offer_placement();
-        let mut peers = FxHashMap::default();
-        peers.insert(slot, Peer::Inbox(own.clone()));
+        let mut pending = Pending::default();
+        pending.peers.insert(slot, Peer::Inbox(own.clone()));
         LocalLink {
             own,
             slot,
             daemon,
             device,
-            peers: Mutex::new(peers),
-            pending: Mutex::new(Pending::default()),
+            pending: Mutex::new(pending),
             any_pending: AtomicBool::new(false),
             any_unkicked: AtomicBool::new(false),
             kicks: AtomicU64::new(0),
@@ -326,18 +337,25 @@ impl LocalLink {
     }
 
     /// The inbox of `slot`, asking the daemon if not known (or closed).
-    fn inbox(&self, slot: usize, now: &dyn Fn() -> Instant) -> Option<Arc<Inbox>> {
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        let now = match peers.get(&slot) {
-            Some(Peer::Inbox(i)) if !i.is_closed() => return Some(i.clone()),
+    fn inbox<'p>(
+        &self,
+        p: &'p mut Pending,
+        slot: usize,
+        now: &dyn Fn() -> Instant,
+    ) -> Option<&'p Arc<Inbox>> {
+        let now = match p.peers.get(&slot) {
+            Some(Peer::Inbox(i)) if !i.is_closed() => None,
             Some(Peer::Udp(until)) => {
                 let now = now();
                 if now < *until {
                     return None;
                 }
-                now
+                Some(now)
             }
-            _ => now(),
+            _ => Some(now()),
+        };
+        let Some(now) = now else {
+            return p.known(slot);
         };
         let got = emulator_daemon::client::inbox(&self.daemon, &self.device, slot)
             .ok()
@@ -346,25 +364,23 @@ impl LocalLink {
             .filter(|i| !i.is_closed() && i.rings() == self.own.rings());
         match got {
             Some(i) => {
-                let i = Arc::new(i);
-                peers.insert(slot, Peer::Inbox(i.clone()));
-                Some(i)
+                p.peers.insert(slot, Peer::Inbox(Arc::new(i)));
+                p.known(slot)
             }
             None => {
-                peers.insert(slot, Peer::Udp(now + NO_INBOX_RETRY));
+                p.peers.insert(slot, Peer::Udp(now + NO_INBOX_RETRY));
                 None
             }
         }
     }
 
     /// Stop using `slot`'s inbox (closed or inconsistent).
-    fn forget(&self, slot: usize, now: Instant, retry_now: bool) {
+    fn forget(&self, p: &mut Pending, slot: usize, now: Instant, retry_now: bool) {
         self.no_place.fetch_and(!(1 << slot), Ordering::Relaxed);
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if retry_now {
-            peers.remove(&slot);
+            p.peers.remove(&slot);
         } else {
-            peers.insert(slot, Peer::Udp(now + NO_INBOX_RETRY));
+            p.peers.insert(slot, Peer::Udp(now + NO_INBOX_RETRY));
         }
     }
 
@@ -381,11 +397,15 @@ impl LocalLink {
             return;
         }
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let p = &mut *pending;
         let slot = self.slot;
         let mut kicked = 0;
-        pending.unkicked.retain(|i| {
+        p.unkicked.retain(|s| {
             // Taken, gone, or kicked by another sender meanwhile (its
             // thread will look): nothing left to do for it.
+            let Some(Peer::Inbox(i)) = p.peers.get(s) else {
+                return false;
+            };
             if i.taken(slot) || i.is_closed() || !i.awake_unkicked() {
                 return false;
             }
@@ -397,7 +417,7 @@ impl LocalLink {
         });
         self.kicks.fetch_add(kicked, Ordering::Relaxed);
         self.any_unkicked
-            .store(!pending.unkicked.is_empty(), Ordering::Release);
+            .store(!p.unkicked.is_empty(), Ordering::Release);
     }
 
     /// Whether inboxes written without a kick wait for [`LocalLink::rekick`].
@@ -424,12 +444,14 @@ impl LocalLink {
     ) -> Sent {
         let mut out = Sent::default();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let p = &mut *pending;
         // First what waited: each queue in order until its inbox is full.
-        if pending.bytes > 0 {
-            let slots: Vec<usize> = pending.queues.keys().copied().collect();
+        if p.bytes > 0 {
+            let slots: Vec<usize> = p.queues.keys().copied().collect();
             for slot in slots {
-                let inbox = self.inbox(slot, now);
-                let Pending { queues, bytes, .. } = &mut *pending;
+                // (Cloned: this is the rare path of a full inbox.)
+                let inbox = self.inbox(p, slot, now).cloned();
+                let Pending { queues, bytes, .. } = &mut *p;
                 let q = queues.get_mut(&slot).expect("listed");
                 while let Some(t) = q.front() {
                     let r = match &inbox {
@@ -453,70 +475,64 @@ impl LocalLink {
                 if q.is_empty() {
                     queues.remove(&slot);
                 }
-                if let Some(i) = inbox {
-                    pending.kick_later(&i);
+                if inbox.is_some() {
+                    p.kick_later(slot);
                 }
             }
         }
-        // The inbox of the last destination: consecutive datagrams usually
-        // go to one peer, which then costs no lookup (lock) per datagram.
-        let mut cur: Option<(usize, Arc<Inbox>)> = None;
         for mut t in ts.drain(..) {
             let Some(slot) = self.dest_slot(&t, addr) else {
                 out.udp.push(t);
                 continue;
             };
-            if pending.queues.contains_key(&slot) {
+            if p.queues.contains_key(&slot) {
                 // Behind what already waits for this inbox.
-                pending.queue(slot, t, &mut out);
+                p.queue(slot, t, &mut out);
                 continue;
             }
             let mut retried = false;
             loop {
-                // Borrowed, not cloned: a reference count's locked
-                // increment per datagram waited each time for the
-                // previous datagram's bytes to leave the store buffer.
-                if !matches!(&cur, Some((s, _)) if *s == slot) {
-                    match self.inbox(slot, now) {
-                        Some(i) => cur = Some((slot, i)),
-                        None => {
-                            out.udp.push(t);
-                            break;
-                        }
-                    }
-                }
-                let inbox = &cur.as_ref().expect("just set").1;
+                let Some(inbox) = self.inbox(p, slot, now) else {
+                    out.udp.push(t);
+                    break;
+                };
                 match self.push(inbox, slot, &mut t, place, intact) {
                     Ok(()) => {
                         sent(t);
-                        pending.kick_later(inbox);
+                        p.kick_later(slot);
                     }
                     Err(PushError::Full) => {
-                        pending.queue(slot, t, &mut out);
-                        pending.kick_later(inbox);
+                        p.queue(slot, t, &mut out);
+                        p.kick_later(slot);
                     }
                     Err(PushError::Closed) if !retried => {
                         // The slot may have a new owner with a new inbox.
-                        self.forget(slot, now(), true);
-                        cur = None;
+                        self.forget(p, slot, now(), true);
                         retried = true;
                         continue;
                     }
                     Err(_) => {
-                        self.forget(slot, now(), false);
-                        cur = None;
+                        self.forget(p, slot, now(), false);
                         out.udp.push(t);
                     }
                 }
                 break;
             }
         }
-        let Pending { kick, unkicked, .. } = &mut *pending;
-        for i in kick.drain(..) {
+        let Pending {
+            kick,
+            unkicked,
+            peers,
+            ..
+        } = p;
+        for slot in kick.drain(..) {
+            let Some(Peer::Inbox(i)) = peers.get(&slot) else {
+                continue;
+            };
             if i.kick() {
                 self.kicks.fetch_add(1, Ordering::Relaxed);
-            } else if i.awake_unkicked() && !unkicked.iter().any(|k| Arc::ptr_eq(k, &i)) {
-                unkicked.push(i);
+            } else if i.awake_unkicked() && !unkicked.contains(&slot) {
+                unkicked.push(slot);
             }
         }
         self.any_unkicked

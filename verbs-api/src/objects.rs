@@ -2,6 +2,7 @@
 //! them on drop.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rxe_core::{AhHandle, CqHandle, PdHandle, SrqHandle};
 
@@ -52,6 +53,8 @@ impl Device {
             dev: self.clone(),
             h,
             closed: false,
+            idle_at: AtomicU64::new(u64::MAX),
+            idle_until: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -640,6 +643,12 @@ pub struct CompletionQueue {
     dev: Device,
     h: CqHandle,
     closed: bool,
+    /// The engine's lock count (`Inner::lock_count`) at which a locked
+    /// poll last found this CQ empty with nothing to drive; `u64::MAX`
+    /// never.
+    idle_at: AtomicU64,
+    /// The engine's next deadline then (ns; `u64::MAX`: none).
+    idle_until: AtomicU64,
 }
 
 impl CompletionQueue {
@@ -692,6 +701,23 @@ impl CompletionQueue {
             wcs.last()
                 .is_some_and(|wc| !e.qp_awaits_completions(wc.qp_num))
         };
+        // Found idle by a locked poll, and nobody has locked the engine
+        // since (no completion, post, arming or timer change can have come
+        // without the lock): idle now unless something came from outside
+        // (the inbox, UDP) or a timer fell due. Then no lock at all: an
+        // empty poll in the TCG guest took 0.8 µs with one, against kernel
+        // rxe's 0.05-0.08 (a read of the CQ's memory), and a spinning
+        // application noticed a datagram that much later.
+        if self.idle_at.load(Ordering::Acquire) == inner.lock_count() {
+            let mono = local_link::monotonic_ns();
+            let now = inner.at(mono);
+            if now.as_nanos() < self.idle_until.load(Ordering::Relaxed)
+                && inner.nothing_to_drive(now)
+            {
+                inner.note_app_poll_at(false, mono);
+                return Ok(0);
+            }
+        }
         let start = out.len();
         let (first, armed, leave, idle) = {
             let mut e = inner.lock();
@@ -699,6 +725,11 @@ impl CompletionQueue {
             let leave = may_leave(&e, &out[start..]);
             let armed = e.cq_armed(self.h);
             let idle = first == 0 && !armed && inner.idle_for_poll(&e);
+            if idle {
+                let until = e.poll_timeout().map_or(u64::MAX, |d| d.as_nanos());
+                self.idle_until.store(until, Ordering::Relaxed);
+                self.idle_at.store(inner.lock_count(), Ordering::Release);
+            }
             (first, armed, leave, idle)
         };
         if idle {
