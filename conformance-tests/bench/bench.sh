@@ -12,7 +12,8 @@
 #    the same perftest programs on kernel rxe (rxe0 on eth0), then, in the same
 #    guest after `rdma link delete rxe0` and `rmmod rdma_rxe`, on a stripped release build of
 #    rxe-emu (rxe0=netdev:eth0, so path MTU 1024 as for kernel rxe), and raw
-#    UDP in the guest.
+#    UDP in the guest. The latency pairs run in three rounds, the two devices
+#    alternating; each latency figure is the median of its rounds.
 # Figures are printed and written to $CARGO_TARGET_DIR/bench/<time>/bench.md;
 # nothing is asserted. CPU time per GiB is the machine's (or guest's) busy CPU
 # time from /proc/stat over the run of a pair, divided by the GiB the client
@@ -53,8 +54,13 @@ die() { echo "bench: $*" >&2; exit 2; }
 # take about 35 ms on the host, too short a run to set beside the raw UDP
 # ceiling's seconds (the first lap of each 4 MiB inbox ring alone is 2,048
 # page faults), and noisy; 50,000 take about 0.35 s.
-N_BW=5000 N_BW_HOST=50000 N_LAT=5000 UDP_SECS=3 UDP_PP=20000
-[ -n "$QUICK" ] && N_BW=500 N_BW_HOST=5000 N_LAT=500 UDP_SECS=1 UDP_PP=2000
+# The guest's latency pairs run in LAT_ROUNDS rounds, kernel rxe and rxe-emu
+# alternating (the module is loaded and unloaded between them), and each
+# figure is the median of its rounds: the guest's speed drifts by 10-20% over
+# minutes, and one run of each, all of kernel rxe's first, measured that
+# drift as much as the devices.
+N_BW=5000 N_BW_HOST=50000 N_LAT=5000 UDP_SECS=3 UDP_PP=20000 LAT_ROUNDS=3
+[ -n "$QUICK" ] && N_BW=500 N_BW_HOST=5000 N_LAT=500 UDP_SECS=1 UDP_PP=2000 LAT_ROUNDS=1
 
 OUT="$TARGET/bench/$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$OUT" || die "cannot create $OUT"
@@ -137,6 +143,23 @@ run_pairs() { # RUNNER PREFIX ADDR TAG  (RUNNER: a command that runs a sh snippe
 }
 
 fig() { cat "$OUT/$1.$2.fig" 2>/dev/null || echo FAIL; }
+
+# TAG.TEST.fig from TAG.r1.TEST.fig .. TAG.rN.TEST.fig: each field's median
+# over the rounds (the lower middle of an even count); FAIL if a round failed.
+median_fig() { # TAG TEST ROUNDS
+  local i
+  for i in $(seq "$3"); do fig "$1.r$i" "$2"; done | awk '
+    /FAIL/ { failed = 1 }
+    { n++; for (f = 1; f <= NF; f++) v[f, n] = $f; nf = NF }
+    END {
+      if (failed || n == 0) { print "FAIL"; exit }
+      for (f = 1; f <= nf; f++) {
+        for (a = 1; a <= n; a++) x[a] = v[f, a]
+        for (a = 2; a <= n; a++) for (b = a; b > 1 && x[b - 1] + 0 > x[b] + 0; b--) { t = x[b]; x[b] = x[b - 1]; x[b - 1] = t }
+        printf "%s%s", x[int((n + 1) / 2)], (f < nf ? " " : "\n")
+      }
+    }' >"$OUT/$1.$2.fig"
+}
 field() { echo "$1" | awk -v i="$2" '{print $i}'; }
 
 # "0.64×" for a bandwidth ratio, "38.7× slower" / "0.8×" for latency.
@@ -152,7 +175,7 @@ machine() {
   echo "# rxe-emu speed ($(date -u '+%Y-%m-%d %H:%M UTC'))"
   echo
   echo "rxe-emu $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') on $(machine)."
-  echo "perftest $(dpkg-query -W -f='${Version}' perftest 2>/dev/null) (Debian 12), bandwidth -s 65536 -n $N_BW_HOST on the host and -n $N_BW in the guest, latency -s 8 -n $N_LAT."
+  echo "perftest $(dpkg-query -W -f='${Version}' perftest 2>/dev/null) (Debian 12), bandwidth -s 65536 -n $N_BW_HOST on the host and -n $N_BW in the guest, latency -s 8 -n $N_LAT (in the guest: each figure the median of $LAT_ROUNDS rounds, kernel rxe and rxe-emu alternating)."
 } >"$MD"
 
 # ------------------------------------------------------------------- host ---
@@ -216,11 +239,33 @@ if [ -n "$GUEST" ]; then
   guest_runner() { "$VM" exec 1 -t 900 "$(cat "$1")"; }
   info=$("$VM" exec 1 'echo "Linux $(uname -r), $(nproc) vCPUs"')
   say "guest: $info"
-  run_pairs guest_runner "" "$GADDR" kernel
-  say "guest: rdma link delete rxe0; rmmod rdma_rxe (it holds UDP 4791 while loaded); rxe-emu start --device rxe0=netdev:eth0"
-  r=$("$VM" exec 1 'rdma link delete rxe0 && rmmod rdma_rxe && export RXE_EMU_SOCKET=/tmp/rxe-emud.sock && /opt/rxe-emu/rxe-emu start --device rxe0=netdev:eth0 2>&1')
-  echo "$r" >"$OUT/guest-emud.log"
-  run_pairs guest_runner "RXE_EMU_SOCKET=/tmp/rxe-emud.sock /opt/rxe-emu/rxe-emu exec --" "$GADDR" emu
+  BW_TESTS="write_bw send_bw read_bw" LAT_TESTS="write_lat send_lat read_lat"
+  EMU_EXEC="RXE_EMU_SOCKET=/tmp/rxe-emud.sock /opt/rxe-emu/rxe-emu exec --"
+  to_emu() {
+    say "guest: rdma link delete rxe0; rmmod rdma_rxe (it holds UDP 4791 while loaded); rxe-emu start --device rxe0=netdev:eth0"
+    "$VM" exec 1 'rdma link delete rxe0 && rmmod rdma_rxe && export RXE_EMU_SOCKET=/tmp/rxe-emud.sock && /opt/rxe-emu/rxe-emu start --device rxe0=netdev:eth0 2>&1' >>"$OUT/guest-emud.log" 2>&1 ||
+      die "the guest did not switch to rxe-emu: $(tail -3 "$OUT/guest-emud.log")"
+  }
+  to_kernel() {
+    say "guest: rxe-emu stop; rdma link add rxe0 type rxe netdev eth0"
+    "$VM" exec 1 'RXE_EMU_SOCKET=/tmp/rxe-emud.sock /opt/rxe-emu/rxe-emu stop && rdma link add rxe0 type rxe netdev eth0 2>&1' >>"$OUT/guest-switch.log" 2>&1 ||
+      die "the guest did not switch back to kernel rxe: $(tail -3 "$OUT/guest-switch.log")"
+  }
+  TESTS=$BW_TESTS run_pairs guest_runner "" "$GADDR" kernel
+  TESTS=$LAT_TESTS run_pairs guest_runner "" "$GADDR" kernel.r1
+  to_emu
+  TESTS=$BW_TESTS run_pairs guest_runner "$EMU_EXEC" "$GADDR" emu
+  TESTS=$LAT_TESTS run_pairs guest_runner "$EMU_EXEC" "$GADDR" emu.r1
+  for r in $(seq 2 "$LAT_ROUNDS"); do
+    to_kernel
+    TESTS=$LAT_TESTS run_pairs guest_runner "" "$GADDR" kernel.r$r
+    to_emu
+    TESTS=$LAT_TESTS run_pairs guest_runner "$EMU_EXEC" "$GADDR" emu.r$r
+  done
+  for t in $LAT_TESTS; do
+    median_fig kernel $t "$LAT_ROUNDS"
+    median_fig emu $t "$LAT_ROUNDS"
+  done
   say "guest: raw UDP"
   "$VM" exec 1 -t 120 "/opt/rxe-emu/udp-ceiling stream $GADDR 1040 $UDP_SECS" >"$OUT/guest.udp-stream.fig" 2>&1
   "$VM" exec 1 -t 120 "/opt/rxe-emu/udp-ceiling gso $GADDR 1040 $UDP_SECS" >"$OUT/guest.udp-gso.fig" 2>&1
