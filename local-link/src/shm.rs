@@ -82,6 +82,28 @@ impl Mapping {
         self.len
     }
 
+    /// Fault in the pages of `off..off + len` (clipped to the mapping)
+    /// now, writable if `write`, in one system call rather than a page
+    /// fault each on first use. Best effort: a kernel before 5.14 lacks
+    /// `MADV_POPULATE_*`, and the pages then fault in as they are used.
+    pub(crate) fn populate(&self, off: usize, len: usize, write: bool) {
+        let start = off / 4096 * 4096;
+        let end = off.saturating_add(len).min(self.len);
+        if start >= end {
+            return;
+        }
+        let advice = if write {
+            libc::MADV_POPULATE_WRITE
+        } else {
+            libc::MADV_POPULATE_READ
+        };
+        // SAFETY: the range is inside the mapping and starts on a page
+        // boundary (the mapping does); populating changes no byte of it.
+        unsafe {
+            libc::madvise(self.ptr.add(start).cast(), end - start, advice);
+        }
+    }
+
     fn check(&self, off: usize, n: usize, align: usize) {
         assert!(
             off % align == 0 && off.checked_add(n).is_some_and(|end| end <= self.len),

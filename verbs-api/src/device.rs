@@ -769,6 +769,18 @@ impl Inner {
             .is_some_and(|l| l.takes(t, self.cfg.addr))
     }
 
+    /// A connected QP of this process now talks to QP `dest_qpn` at
+    /// `dst`: if that is a QP of this device (another process's, or ours),
+    /// ready the same-host path to it now rather than at the first message
+    /// ([`crate::local::LocalLink::warm`]).
+    pub(crate) fn warm_path(&self, dst: IpAddr, dest_qpn: u32) {
+        if let Some(l) = &self.local {
+            if dst == self.cfg.addr {
+                l.warm((dest_qpn >> 16) as usize, &|| self.now());
+            }
+        }
+    }
+
     /// Whether responses are waiting for a flush.
     fn has_deferred(&self) -> bool {
         self.deferred_any.load(Ordering::Acquire)

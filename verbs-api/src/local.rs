@@ -374,6 +374,23 @@ impl LocalLink {
         }
     }
 
+    /// Ready the path to and from `slot` before a conversation with it
+    /// starts (a connected QP going to RTR): learn its inbox (a request to
+    /// the daemon, otherwise made by the first datagram), and fault in the
+    /// ring this process writes there and the ring `slot` writes here.
+    pub(crate) fn warm(&self, slot: usize, now: &dyn Fn() -> Instant) {
+        if slot == 0 || slot >= self.own.rings() {
+            return;
+        }
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = self.inbox(&mut pending, slot, now) {
+                i.warm(self.slot, true);
+            }
+        }
+        self.own.warm(slot, false);
+    }
+
     /// Stop using `slot`'s inbox (closed or inconsistent).
     fn forget(&self, p: &mut Pending, slot: usize, now: Instant, retry_now: bool) {
         self.no_place.fetch_and(!(1 << slot), Ordering::Relaxed);

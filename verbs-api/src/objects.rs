@@ -846,6 +846,12 @@ impl QueuePair {
         self.dev.inner.publish_qp(&e, self.qpn);
         r?;
         self.dev.inner.flush(&mut e);
+        drop(e);
+        let to_rtr = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::DEST_QPN;
+        if attr.qp_state == Some(QpState::Rtr) && mask.contains(to_rtr) {
+            let dst = rxe_core::gid_to_ip(attr.ah_attr.dgid);
+            self.dev.inner.warm_path(dst, attr.dest_qp_num);
+        }
         Ok(())
     }
 
