@@ -300,6 +300,9 @@ pub struct Inbox {
     /// was ([`HEAD_REFRESH`]).
     seen_head: Box<[AtomicU64]>,
     head_read_at: Box<[AtomicU64]>,
+    /// Producer placing into the owner: its `/proc/<pid>/mem`, opened at
+    /// the first placement (`None`: it could not be opened).
+    owner_mem: std::sync::OnceLock<Option<(i32, std::fs::File)>>,
 }
 
 impl Inbox {
@@ -340,6 +343,7 @@ impl Inbox {
             seen_tail: (0..layout.rings).map(|_| AtomicU64::new(0)).collect(),
             seen_head: (0..layout.rings).map(|_| AtomicU64::new(0)).collect(),
             head_read_at: (0..layout.rings).map(|_| AtomicU64::new(0)).collect(),
+            owner_mem: std::sync::OnceLock::new(),
         })
     }
 

@@ -238,3 +238,62 @@ fn withdrawing_an_mr_waits_for_a_placement_in_flight_but_not_for_a_dead_producer
     fake_placement_in_flight(&f, 7, dead);
     rx.unpublish_mr(RKEY);
 }
+
+#[test]
+fn a_placement_into_memory_the_owner_cannot_write_is_a_fault_and_writes_nothing() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    assert!(rx.offer_placement());
+    // A shared mapping the owner maps read-only: neither a write through
+    // /proc/<pid>/mem nor process_vm_writev may go into it.
+    let name = std::ffi::CString::new("ro").unwrap();
+    // SAFETY: plain system calls on a new memfd and a new mapping that no
+    // Rust object aliases; both are released below.
+    let (fd, page) = unsafe {
+        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, 4096), 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        (fd, p)
+    };
+    assert!(rx.publish_mr(&PlaceableMr {
+        rkey: RKEY,
+        pd: 1,
+        iova: IOVA,
+        len: 64,
+        host_addr: page as u64,
+    }));
+    rx.publish_qp(
+        QPN,
+        Some(&PlaceableQp {
+            qpn: QPN,
+            pd: 1,
+            epsn: 7,
+        }),
+    );
+    assert_eq!(
+        try_place(&tx, &rx, 7, IOVA, &[5; 8]),
+        Err(PlaceError::Fault)
+    );
+    assert_eq!(bytes(page as *const u8, 8), vec![0u8; 8]);
+    // Writable memory takes the next one, through the same producer.
+    let t = Target {
+        mem: Box::new([0u8; 64]),
+    };
+    tables(&rx, &t, 7, 1);
+    assert_eq!(try_place(&tx, &rx, 7, IOVA, &[5; 8]), Ok(t.addr()));
+    assert_eq!(&t.now()[..8], &[5; 8]);
+    // SAFETY: the mapping and the fd made above, no longer used.
+    unsafe {
+        libc::munmap(page, 4096);
+        libc::close(fd);
+    }
+}
