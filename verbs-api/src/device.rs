@@ -2292,7 +2292,12 @@ pub(crate) fn with_rx_buf<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 65536]);
     }
-    BUF.with(|b| f(&mut b.borrow_mut()))
+    // (A catch-up at process exit finds the thread's storage gone.)
+    let mut f = Some(f);
+    BUF.try_with(|b| f.take().map(|f| f(&mut b.borrow_mut())))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| (f.take().expect("not run"))(&mut vec![0; 65536]))
 }
 
 #[cfg(test)]

@@ -98,8 +98,10 @@ pub(crate) fn send_many<T>(
             std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()))
         };
     }
-    SCRATCH.with(|s| {
-        let (addrs, iov, hdrs, toses, ctrl) = &mut *s.borrow_mut();
+    // A flush at process exit (the drop-in's atexit handler) comes after
+    // the thread's storage is gone: it builds its headers in a fresh one.
+    let send = |s: &mut Scratch| {
+        let (addrs, iov, hdrs, toses, ctrl) = s;
         addrs.clear();
         iov.clear();
         hdrs.clear();
@@ -189,7 +191,10 @@ pub(crate) fn send_many<T>(
         iov.clear();
         hdrs.clear();
         first_err.map_or(Ok(done), Err)
-    })
+    };
+    SCRATCH
+        .try_with(|s| send(&mut s.borrow_mut()))
+        .unwrap_or_else(|_| send(&mut Default::default()))
 }
 
 /// Receive one datagram from the UDP socket `fd` (non-blocking) into
@@ -369,6 +374,44 @@ mod tests {
             let s = if i % 3 == 0 { &c } else { &b };
             let n = s.recv(&mut buf).unwrap();
             assert_eq!(&buf[..n], p.as_slice(), "datagram {i}");
+        }
+    }
+
+    /// A send while the thread's storage is being torn down (as the
+    /// drop-in's flush at process exit runs, after glibc has destroyed the
+    /// main thread's thread-locals) still sends; it used to panic, and a
+    /// panic there aborts the process.
+    #[test]
+    fn send_many_works_after_its_thread_storage_is_gone() {
+        use std::os::fd::AsRawFd;
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let dst = b.local_addr().unwrap();
+        struct AtExit(UdpSocket, std::net::SocketAddr);
+        impl Drop for AtExit {
+            fn drop(&mut self) {
+                let r = super::send_many(self.0.as_raw_fd(), &[b"last"], |p| (&p[..], self.1, 0));
+                assert_eq!(r.unwrap(), 1);
+            }
+        }
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<AtExit>> = const { std::cell::RefCell::new(None) };
+        }
+        std::thread::spawn(move || {
+            // Registered before send_many's own storage, so destroyed
+            // after it (destructors run in reverse order).
+            LAST.with(|l| *l.borrow_mut() = Some(AtExit(a.try_clone().unwrap(), dst)));
+            let r = super::send_many(a.as_raw_fd(), &[b"first"], |p| (&p[..], dst, 0));
+            assert_eq!(r.unwrap(), 1);
+        })
+        .join()
+        .unwrap();
+        let mut buf = [0u8; 16];
+        for want in [&b"first"[..], b"last"] {
+            let n = b.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], want);
         }
     }
 }
