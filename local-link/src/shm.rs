@@ -199,7 +199,24 @@ pub(crate) fn write_to_process(pid: i32, addr: u64, data: &[u8]) -> io::Result<u
 
 /// Open process `pid`'s memory for writing (`/proc/<pid>/mem`): the
 /// kernel allows it with the same ptrace rights as `process_vm_writev`.
+/// Only where `/proc` is this process's PID namespace's (it shows this
+/// process as `/proc/self` under its own ID): a `/proc` of another
+/// namespace would name other processes by these IDs.
 pub(crate) fn open_process_mem(pid: i32) -> io::Result<std::fs::File> {
+    static OURS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ours = *OURS.get_or_init(|| {
+        std::fs::read_link("/proc/self")
+            .ok()
+            .and_then(|p| p.to_str()?.parse::<u32>().ok())
+            // SAFETY: getpid has no preconditions.
+            .is_some_and(|p| p == unsafe { libc::getpid() } as u32)
+    });
+    if !ours {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "/proc is not this process's PID namespace's",
+        ));
+    }
     std::fs::OpenOptions::new()
         .write(true)
         .open(format!("/proc/{pid}/mem"))
