@@ -51,12 +51,17 @@ impl Target {
 }
 
 fn tables(rx: &Inbox, t: &Target, epsn: u32, pd: u32) {
+    tables_at(rx, t.addr(), epsn, pd);
+}
+
+/// The MR (64 bytes at IOVA, held at `host_addr`) and the QP, published.
+fn tables_at(rx: &Inbox, host_addr: u64, epsn: u32, pd: u32) {
     assert!(rx.publish_mr(&PlaceableMr {
         rkey: RKEY,
         pd: 1,
         iova: IOVA,
         len: 64,
-        host_addr: t.addr(),
+        host_addr,
     }));
     rx.publish_qp(QPN, Some(&PlaceableQp { qpn: QPN, pd, epsn }));
 }
@@ -264,21 +269,7 @@ fn a_placement_into_memory_the_owner_cannot_write_is_a_fault_and_writes_nothing(
         assert_ne!(p, libc::MAP_FAILED);
         (fd, p)
     };
-    assert!(rx.publish_mr(&PlaceableMr {
-        rkey: RKEY,
-        pd: 1,
-        iova: IOVA,
-        len: 64,
-        host_addr: page as u64,
-    }));
-    rx.publish_qp(
-        QPN,
-        Some(&PlaceableQp {
-            qpn: QPN,
-            pd: 1,
-            epsn: 7,
-        }),
-    );
+    tables_at(&rx, page as u64, 7, 1);
     assert_eq!(
         try_place(&tx, &rx, 7, IOVA, &[5; 8]),
         Err(PlaceError::Fault)
