@@ -2026,3 +2026,37 @@ fn a_fault_queue_delays_by_its_backlog_and_marks_by_depth() {
         "{bad}"
     );
 }
+
+#[test]
+fn a_completion_made_after_an_idle_poll_is_found_by_the_next_poll() {
+    // An idle poll lets the next polls of that CQ skip the engine lock
+    // while nobody has locked it since. A completion the engine makes on
+    // its own, with nothing in the inbox (a WR flushed by a QP in ERR),
+    // must still be found: every lock of the engine ends the shortcut.
+    let d = Daemon::start("idlepoll", "rxe0=127.0.21.21", 8);
+    let a = side(d.open(), QpType::Rc);
+    connect(&a, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    a.qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Err),
+            ..QpAttr::default()
+        },
+        verbs_api::QpAttrMask::STATE,
+    )
+    .unwrap();
+    for _ in 0..1000 {
+        assert!(a.cq.poll(1).unwrap().is_empty());
+    }
+    let poster = {
+        let qp = &a.qp;
+        std::thread::scope(|s| {
+            s.spawn(|| qp.post_send(SendWr::new(9, SendOp::Send, vec![])))
+                .join()
+                .unwrap()
+        })
+    };
+    poster.unwrap();
+    let wcs = a.cq.poll(1).unwrap();
+    assert_eq!(wcs.len(), 1, "the flushed WR, at the first poll after it");
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::WrFlushErr));
+}
