@@ -337,32 +337,44 @@ pub fn programs_load(root: &Path, min: usize) -> String {
 /// perftest's pairs (`ib_write_bw -s 65536`, ...), server first, each on
 /// rxe0 with 100 iterations: both sides must end with status 0 and the
 /// client print its result line.
+///
+/// A pair over rdma_cm (`-R`) may lose a race that is perftest's own:
+/// after the two sides exchange their parameters, the client connects
+/// its data QP at once while the server creates, binds and listens on a
+/// new id; a REQ that comes first is rejected (REJ reason 8, no
+/// listener), as kernel rdma_cm rejects it. perftest 25.01 then retries
+/// with the ids it has just destroyed and aborts (`double free`; fixed
+/// upstream in perftest 3d9d8d0, 26.04). On this 2-CPU machine the
+/// client won 12 of 30 runs. So the client of an `-R` pair runs at nice
+/// 19 (30 of 30 runs then passed), and a pair whose client was rejected
+/// so runs again, up to five times: only that failure is retried.
 pub fn perftest_pairs(root: &Path, pairs: &[&str]) {
     let list: Vec<String> = pairs.iter().map(|p| format!("\"{p}\"")).collect();
     let script = format!(
         r#"
         fail=0
         for t in {}; do
-          for try in 2 4; do
+          case "$t" in *" -R"*) nice="nice -n 19";; *) nice="";; esac
+          c=rejected; r=rejected
+          for try in 1 2 3 4 5; do
             $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 >/tmp/srv.txt 2>&1 &
             s=$!
-            sleep $try
-            $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 127.0.0.1 >/tmp/cli.txt 2>&1
+            sleep 2
+            $nice $X exec -- timeout 60 $t -d rxe0 -x 1 -n 100 127.0.0.1 >/tmp/cli.txt 2>&1
             c=$?
+            if grep -q 'RDMA_CM_EVENT_REJECTED; error: 8\.' /tmp/cli.txt; then
+              echo "client of $t rejected (no listener yet, try $try): again"
+              kill $s 2>/dev/null; wait $s 2>/dev/null
+              continue
+            fi
             wait $s
             r=$?
-            # perftest's -R client is rejected (REJ reason 8, no listener
-            # yet) when it wins the race with its server, as with kernel
-            # rdma_cm: once more, with more head start. (perftest 25.01 then
-            # reuses the id it destroyed; our librdmacm refuses it, and
-            # perftest aborts.)
-            grep -qE 'Unexpected CM event|REJECTED' /tmp/cli.txt || break
-            kill $s 2>/dev/null; wait $s 2>/dev/null
+            break
           done
           if [ $c = 0 ] && [ $r = 0 ] && grep -qE '^ *[0-9]+ +100 ' /tmp/cli.txt; then
             echo "PASS $t"
           else
-            echo "FAIL $t (client $c, server $r)"; tail -n 5 /tmp/cli.txt /tmp/srv.txt; fail=1
+            echo "FAIL $t (client $c, server $r)"; tail -n 25 /tmp/cli.txt /tmp/srv.txt; fail=1
           fi
         done
         exit $fail
