@@ -1609,11 +1609,13 @@ impl Inner {
                     l += &format!(" {k}={v}");
                 }
                 // Which way the datagrams went: this process's inbox path
-                // to the device's other processes, or UDP.
+                // to the device's other processes (and how many of their
+                // inboxes it has open), or UDP.
                 l += &format!(
-                    " sent_inbox_pkts={} sent_udp_pkts={} fault_ce_marked={} fault_queue_dropped={}",
+                    " sent_inbox_pkts={} sent_udp_pkts={} peer_inboxes={} fault_ce_marked={} fault_queue_dropped={}",
                     self.sent_inbox.load(Ordering::Relaxed),
                     self.sent_udp.load(Ordering::Relaxed),
+                    self.local.as_ref().map_or(0, |l| l.peer_inboxes()),
                     self.fault_ce.load(Ordering::Relaxed),
                     self.fault_queue_drops.load(Ordering::Relaxed)
                 );

@@ -182,6 +182,17 @@ impl LocalLink {
         }
     }
 
+    /// Other processes' inboxes this process has open (`rxe-emu stat`'s
+    /// `peer_inboxes`): learned at a connected QP's RTR or at the first
+    /// datagram to them.
+    pub(crate) fn peer_inboxes(&self) -> usize {
+        let p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.peers
+            .iter()
+            .filter(|(s, peer)| **s != self.slot && matches!(peer, Peer::Inbox(_)))
+            .count()
+    }
+
     /// WRITE payloads placed into peers so far (`placed_writes`).
     pub(crate) fn placed(&self) -> u64 {
         self.placed.load(Ordering::Relaxed)

@@ -484,7 +484,7 @@ fn an_any_user_daemon_serves_other_users_and_a_per_user_daemon_refuses_them() {
     };
 
     // System-wide: a server as uid 65534 and a client as root share rxe0.
-    let d = Daemon::start_for("anyuser", "rxe0=127.0.21.12", 4, true);
+    let d = Daemon::start_for("anyuser", "rxe0=127.0.21.24", 4, true);
     let mode = std::fs::metadata(&d.path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o666, "a system-wide daemon's socket is open to all");
     let server = run(
@@ -1140,7 +1140,7 @@ fn start_tracer(path: &Path, count: usize) -> JoinHandle<usize> {
 
 #[test]
 fn a_traced_burst_keeps_the_device_alive() {
-    let d = Daemon::start("trace-burst", "rxe0=127.0.21.8", 8);
+    let d = Daemon::start("trace-burst", "rxe0=127.0.21.22", 8);
     let a = side(d.open(), QpType::Rc);
     let b = side(d.open(), QpType::Rc);
     let tracer = start_tracer(&d.path, 400);
@@ -1464,6 +1464,42 @@ fn a_write_only_to_another_slot_of_the_device_is_placed_by_its_sender() {
     assert_eq!(placed(&ask("STAT rxe0")), placed(&after) + 1);
 }
 
+/// A connected QP that goes to RTR with a QP of another process of its
+/// device opens that process's inbox then (`Inner::warm_path`, which also
+/// faults in the rings' first pages), not at its first message: each
+/// side's `peer_inboxes` counts it before anything is sent, and the
+/// messages that follow go through it and open nothing more.
+#[test]
+fn rtr_with_a_qp_of_another_process_opens_its_inbox_before_the_first_message() {
+    let d = Daemon::start("warm", "rxe0=127.0.21.26", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    let (a_slot, b_slot) = (a.qp.qpn() >> 16, b.qp.qpn() >> 16);
+    let stat = || emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    let inboxes = |s: &str| {
+        (
+            slot_stat_value(s, a_slot, "peer_inboxes"),
+            slot_stat_value(s, b_slot, "peer_inboxes"),
+        )
+    };
+    let s = stat();
+    assert_eq!(inboxes(&s), (0, 0), "{s}");
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    let s = stat();
+    assert_eq!(inboxes(&s), (1, 0), "{s}");
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let s = stat();
+    assert_eq!(inboxes(&s), (1, 1), "{s}");
+    send_each(&a, &b, 3);
+    send_each(&b, &a, 3);
+    let s = stat();
+    assert_eq!(inboxes(&s), (1, 1), "{s}");
+    for slot in [a_slot, b_slot] {
+        assert!(slot_stat_value(&s, slot, "sent_inbox_pkts") >= 6, "{s}");
+        assert_eq!(slot_stat_value(&s, slot, "sent_udp_pkts"), 0, "{s}");
+    }
+}
+
 /// B has a receive posted (so no poll tells its device it may stop
 /// polling) and polls an empty CQ long enough for its progress thread to
 /// look only every 16-20 ms; then it stops, without arming the CQ, and A
@@ -1605,7 +1641,7 @@ fn posts_of_an_application_that_is_active_do_not_wake_its_progress_thread() {
 fn a_daemon_that_serves_other_users_lets_no_process_place_into_another() {
     // Another user's process could write the placement tables of the
     // device's inboxes, and steer a sender's write: no placement at all.
-    let d = Daemon::start_for("anyplace", "rxe0=127.0.21.19", 8, true);
+    let d = Daemon::start_for("anyplace", "rxe0=127.0.21.23", 8, true);
     let a = side(d.open(), QpType::Rc);
     let b = side(d.open(), QpType::Rc);
     connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
@@ -2033,7 +2069,7 @@ fn a_completion_made_after_an_idle_poll_is_found_by_the_next_poll() {
     // while nobody has locked it since. A completion the engine makes on
     // its own, with nothing in the inbox (a WR flushed by a QP in ERR),
     // must still be found: every lock of the engine ends the shortcut.
-    let d = Daemon::start("idlepoll", "rxe0=127.0.21.21", 8);
+    let d = Daemon::start("idlepoll", "rxe0=127.0.21.25", 8);
     let a = side(d.open(), QpType::Rc);
     connect(&a, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
     a.qp.modify(
