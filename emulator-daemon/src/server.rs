@@ -1066,7 +1066,8 @@ impl Server {
                             if k == "pid" {
                                 continue;
                             }
-                            let v: u64 = v.parse().unwrap_or(0);
+                            // Words (placed_via) are a process's own.
+                            let Ok(v) = v.parse::<u64>() else { continue };
                             if !sums.contains_key(k) {
                                 names.push(k.to_string());
                             }

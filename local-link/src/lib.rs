@@ -52,7 +52,7 @@
 mod place;
 mod shm;
 
-pub use place::{PlaceError, PlaceableMr, PlaceableQp, Placement};
+pub use place::{placement_way, PlaceError, PlaceableMr, PlaceableQp, Placement};
 pub use shm::monotonic_ns;
 
 use std::io::{self, Read, Write};

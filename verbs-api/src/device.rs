@@ -1631,9 +1631,10 @@ impl Inner {
                 // memory itself, and placed WRITEs to this process that
                 // its engine then refused.
                 l += &format!(
-                    " placed_writes={} placed_refused={}",
+                    " placed_writes={} placed_refused={} placed_via={}",
                     self.local.as_ref().map_or(0, |l| l.placed()),
-                    self.placed_refused.load(Ordering::Relaxed)
+                    self.placed_refused.load(Ordering::Relaxed),
+                    local_link::placement_way()
                 );
                 out.push(l);
                 for q in e.qp_summaries() {

@@ -1497,7 +1497,19 @@ fn rtr_with_a_qp_of_another_process_opens_its_inbox_before_the_first_message() {
     for slot in [a_slot, b_slot] {
         assert!(slot_stat_value(&s, slot, "sent_inbox_pkts") >= 6, "{s}");
         assert_eq!(slot_stat_value(&s, slot, "sent_udp_pkts"), 0, "{s}");
+        // How it writes placements is each process's word, not summed.
+        let line = s
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("slot {slot} ")))
+            .unwrap();
+        assert!(
+            ["proc_mem", "process_vm_writev", "timing"]
+                .iter()
+                .any(|w| line.contains(&format!(" placed_via {w}"))),
+            "{s}"
+        );
     }
+    assert!(!s.lines().next().unwrap().contains("placed_via"), "{s}");
 }
 
 /// B has a receive posted (so no poll tells its device it may stop
