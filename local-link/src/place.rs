@@ -454,7 +454,9 @@ impl Inbox {
 
 /// How this process writes placements into other processes, in
 /// `rxe-emu stat`'s words: `proc_mem`, `process_vm_writev`, or `timing`
-/// (not chosen yet, or no placement so far).
+/// (not chosen yet: fewer than 32 placements timed so far). Whatever
+/// the choice, a peer whose `/proc/<pid>/mem` does not open is written
+/// with `process_vm_writev`.
 pub fn placement_way() -> &'static str {
     match WAY.way() {
         Way::Mem => "proc_mem",
