@@ -208,8 +208,7 @@ pub(crate) fn open_process_mem(pid: i32) -> io::Result<std::fs::File> {
         std::fs::read_link("/proc/self")
             .ok()
             .and_then(|p| p.to_str()?.parse::<u32>().ok())
-            // SAFETY: getpid has no preconditions.
-            .is_some_and(|p| p == unsafe { libc::getpid() } as u32)
+            .is_some_and(|p| p == own_pid())
     });
     if !ours {
         return Err(io::Error::new(
@@ -299,5 +298,57 @@ mod tests {
             "the child saw its parent's ID"
         );
         assert_eq!(super::own_pid(), std::process::id());
+    }
+
+    /// Both ways of writing into a process give the same results, which
+    /// `WayChoice` relies on: an address the process maps read-only (a
+    /// shared mapping, which `/proc/<pid>/mem`'s forced write does not
+    /// break into either) is EFAULT and writes nothing; a writable one
+    /// takes the bytes.
+    #[test]
+    fn both_ways_fault_on_read_only_memory_and_write_writable_memory() {
+        let pid = super::own_pid() as i32;
+        let mem = super::open_process_mem(pid).unwrap();
+        let name = std::ffi::CString::new("ro").unwrap();
+        // SAFETY: plain system calls on a new memfd and a new mapping that
+        // no Rust object aliases; both are released below.
+        let (fd, page) = unsafe {
+            let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, 4096), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            (fd, p)
+        };
+        let ro = page as u64;
+        let e = super::write_process_mem(&mem, ro, &[5; 8]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+        let e = super::write_to_process(pid, ro, &[6; 8]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+        // SAFETY: the mapping is 4096 readable bytes, alive until munmap.
+        let now = unsafe { std::slice::from_raw_parts(page as *const u8, 8) }.to_vec();
+        assert_eq!(now, [0u8; 8]);
+        let target = Box::new([0u8; 16]);
+        let at = target.as_ptr() as u64;
+        assert_eq!(super::write_process_mem(&mem, at, &[7; 8]).unwrap(), 8);
+        assert_eq!(super::write_to_process(pid, at + 8, &[9; 8]).unwrap(), 8);
+        // SAFETY: the box is alive; the kernel wrote it behind the
+        // compiler's back, so read it volatile.
+        let got: Vec<u8> = (0..16)
+            .map(|i| unsafe { std::ptr::read_volatile(target.as_ptr().add(i)) })
+            .collect();
+        assert_eq!(got, [[7u8; 8], [9u8; 8]].concat());
+        // SAFETY: the mapping and the fd made above, no longer used.
+        unsafe {
+            libc::munmap(page, 4096);
+            libc::close(fd);
+        }
     }
 }

@@ -249,8 +249,9 @@ fn a_placement_into_memory_the_owner_cannot_write_is_a_fault_and_writes_nothing(
     let f = InboxFile::create("t", 2, RING).unwrap();
     let (tx, rx) = (open(&f), open(&f));
     assert!(rx.offer_placement());
-    // A shared mapping the owner maps read-only: neither a write through
-    // /proc/<pid>/mem nor process_vm_writev may go into it.
+    // A shared mapping the owner maps read-only: the write, whichever of
+    // its two ways this process uses now (each is checked alone in shm's
+    // tests), may not go into it.
     let name = std::ffi::CString::new("ro").unwrap();
     // SAFETY: plain system calls on a new memfd and a new mapping that no
     // Rust object aliases; both are released below.
