@@ -1293,11 +1293,14 @@ fn a_completion_channel_on_a_daemon_device_wakes_epoll() {
 
 /// `NAME N` from the STAT reply's line of slot `slot` (one process).
 fn slot_stat_value(stat: &str, slot: u32, name: &str) -> u64 {
-    let line = stat
-        .lines()
+    stat_value(slot_line(stat, slot), name)
+}
+
+/// `slot`'s line of a STAT reply.
+fn slot_line(stat: &str, slot: u32) -> &str {
+    stat.lines()
         .find(|l| l.trim_start().starts_with(&format!("slot {slot} ")))
-        .unwrap_or_else(|| panic!("no slot {slot} in {stat}"));
-    stat_value(line, name)
+        .unwrap_or_else(|| panic!("no slot {slot} in {stat}"))
 }
 
 #[test]
@@ -1498,10 +1501,7 @@ fn rtr_with_a_qp_of_another_process_opens_its_inbox_before_the_first_message() {
         assert!(slot_stat_value(&s, slot, "sent_inbox_pkts") >= 6, "{s}");
         assert_eq!(slot_stat_value(&s, slot, "sent_udp_pkts"), 0, "{s}");
         // How it writes placements is each process's word, not summed.
-        let line = s
-            .lines()
-            .find(|l| l.trim_start().starts_with(&format!("slot {slot} ")))
-            .unwrap();
+        let line = slot_line(&s, slot);
         assert!(
             ["proc_mem", "process_vm_writev", "timing"]
                 .iter()
