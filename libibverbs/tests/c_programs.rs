@@ -15,7 +15,12 @@
 //! of a range and of a whole MR completing as IBV_WC_FLUSH, a FLUSH of an
 //! MR without IBV_ACCESS_FLUSH_GLOBAL failing with IBV_WC_REM_ACCESS_ERR,
 //! IBV_ACCESS_FLUSH_PERSISTENT refused at registration, the capability
-//! bits).
+//! bits) and registered memory in shared memory (`tests/c/shared_mr.c`:
+//! an MR's whole pages move into a memfd with their contents, a peer's
+//! WRITEs reach a process that only watches memory, a forked child gets
+//! a private copy, a WRITE whose payload the target saw and deregistered
+//! on at once still succeeds, deregistration makes them private again,
+//! and nothing moves while the application has a second thread).
 
 mod common;
 
@@ -46,6 +51,11 @@ fn inline_data_and_sge_lists_of_the_wr_api_from_c() {
 #[test]
 fn flush_from_c() {
     run_c("flush", "rxe0=127.0.95.4");
+}
+
+#[test]
+fn registered_memory_in_shared_memory_from_c() {
+    run_c("shared_mr", "rxe0=127.0.95.5");
 }
 
 fn run_c(name: &str, device: &str) {

@@ -50,9 +50,12 @@
 //!   its ring empty past the first 64 KiB of a lap (`EARLY_WRAP`).
 
 mod place;
+mod remap;
+pub mod shared_mr;
 mod shm;
 
-pub use place::{placement_way, PlaceError, PlaceableMr, PlaceableQp, Placement};
+pub use place::{placed_shared, placement_way, PlaceError, PlaceableMr, PlaceableQp, Placement};
+pub use shared_mr::SharedPages;
 pub use shm::monotonic_ns;
 
 use std::io::{self, Read, Write};
@@ -303,6 +306,8 @@ pub struct Inbox {
     /// Producer placing into the owner: its `/proc/<pid>/mem`, opened at
     /// the first placement (`None`: it could not be opened).
     owner_mem: std::sync::OnceLock<Option<(i32, std::fs::File)>>,
+    /// The owner's memfds of moved MR pages this process has mapped.
+    shared_maps: std::sync::Mutex<Vec<place::SharedMap>>,
 }
 
 impl Inbox {
@@ -344,6 +349,7 @@ impl Inbox {
             seen_head: (0..layout.rings).map(|_| AtomicU64::new(0)).collect(),
             head_read_at: (0..layout.rings).map(|_| AtomicU64::new(0)).collect(),
             owner_mem: std::sync::OnceLock::new(),
+            shared_maps: std::sync::Mutex::new(Vec::new()),
         })
     }
 

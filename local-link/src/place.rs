@@ -105,6 +105,9 @@ pub struct PlaceableMr {
     pub len: u64,
     /// Its first byte in the owner's address space.
     pub host_addr: u64,
+    /// Where its whole pages are in shared memory, if they moved there
+    /// ([`crate::shared_mr`]).
+    pub shared: Option<crate::SharedPages>,
 }
 
 /// A responder as its owner publishes it.
@@ -198,6 +201,12 @@ impl Inbox {
         m.u64_at(off + 16).store(mr.iova, Relaxed);
         m.u64_at(off + 24).store(mr.len, Relaxed);
         m.u64_at(off + 32).store(mr.host_addr, Relaxed);
+        let (fd, ino, shm_off) = mr
+            .shared
+            .map_or((u32::MAX, 0, 0), |s| (s.fd as u32, s.ino, s.off));
+        m.u32_at(off + 44).store(fd, Relaxed);
+        m.u64_at(off + 48).store(ino, Relaxed);
+        m.u64_at(off + 56).store(shm_off, Relaxed);
         m.u32_at(off + 40).store(1, Relaxed);
         self.entry_write_end(off);
         true
@@ -205,17 +214,20 @@ impl Inbox {
 
     /// Consumer: `rkey` is about to be deregistered or changed. Removes
     /// its entry and returns once no producer can still be writing into
-    /// it (a producer whose process is gone is not waited for).
-    pub fn unpublish_mr(&self, rkey: u32) {
+    /// it (a producer whose process is gone is not waited for), with the
+    /// packet of every placement into it in the inbox. Returns whether it
+    /// was published.
+    pub fn unpublish_mr(&self, rkey: u32) -> bool {
         let off = self.mr_entry(mr_index(rkey));
         let m = &self.map;
         if m.u32_at(off + 40).load(Relaxed) == 0 || m.u32_at(off + 8).load(Relaxed) != rkey {
-            return;
+            return false;
         }
         self.entry_write_begin(off);
         m.u32_at(off + 40).store(0, Relaxed);
         self.entry_write_end(off);
         self.wait_for_placements();
+        true
     }
 
     /// Wait until every placement that may have seen the tables (or the
@@ -303,10 +315,35 @@ impl Inbox {
                     iova: m.u64_at(off + 16).load(Relaxed),
                     len: m.u64_at(off + 24).load(Relaxed),
                     host_addr: m.u64_at(off + 32).load(Relaxed),
+                    shared: {
+                        let fd = m.u32_at(off + 44).load(Relaxed);
+                        let ino = m.u64_at(off + 48).load(Relaxed);
+                        // An entry of an older library has zeros here.
+                        (fd <= i32::MAX as u32 && ino != 0).then(|| crate::SharedPages {
+                            fd: fd as i32,
+                            ino,
+                            off: m.u64_at(off + 56).load(Relaxed),
+                        })
+                    },
                 },
             )
         })?;
         (e.0 != 0 && e.1.rkey == rkey).then_some(e.1)
+    }
+
+    /// The memfds (inodes) the published MRs' entries name now.
+    fn shared_inodes(&self) -> Vec<u64> {
+        let m = &self.map;
+        (0..MR_ENTRIES)
+            .filter_map(|i| {
+                self.entry_read(self.mr_entry(i), |off| {
+                    (m.u32_at(off + 40).load(Relaxed) != 0)
+                        .then(|| m.u64_at(off + 48).load(Relaxed))
+                        .filter(|&ino| ino != 0)
+                })
+                .flatten()
+            })
+            .collect()
     }
 
     fn lookup_qp(&self, qpn: u32) -> Option<PlaceableQp> {
@@ -355,14 +392,8 @@ impl Inbox {
         if !self.has_room_placed(ring, datagram.len())? {
             return Err(PushError::Full);
         }
-        let placed = self.place(ring, p);
-        self.push_record(ring, src_port, tos, datagram, placed.ok(), icrc)?;
-        Ok(placed)
-    }
-
-    fn place(&self, ring: usize, p: &Placement<'_>) -> Result<u64, PlaceError> {
         if self.is_closed() {
-            return Err(PlaceError::Refused);
+            return Err(PushError::Closed);
         }
         let ctrl = self.layout.ctrl(ring);
         let me = shm::own_pid();
@@ -372,13 +403,29 @@ impl Inbox {
         }
         let placing = self.map.u64_at(ctrl + CTRL_PLACING);
         // Odd: a consumer that withdraws an MR (or placement) from here on
-        // waits for us; everything we decide on is read after this.
+        // waits for us; everything we decide on is read after this. It
+        // stays odd until the packet is in the ring, so that a consumer
+        // whose withdrawal returned finds the packet of every placement
+        // into that MR in its inbox, and can have its engine take them
+        // while the MR is still registered (its application may see the
+        // payload, and deregister, before its engine has read the
+        // packet: kernel rxe's responder has checked the rkey before the
+        // payload is written, so the WRITE succeeds).
         let before = placing.load(Relaxed);
         placing.store(before | 1, SeqCst);
         fence(SeqCst);
-        let r = self.place_checked(p);
+        let placed = self.place_checked(p);
+        let pushed = self.push_record(
+            ring,
+            src_port,
+            tos,
+            datagram,
+            placed.as_ref().ok().copied(),
+            icrc,
+        );
         placing.store((before | 1).wrapping_add(1), SeqCst);
-        r
+        pushed?;
+        Ok(placed)
     }
 
     fn place_checked(&self, p: &Placement<'_>) -> Result<u64, PlaceError> {
@@ -404,6 +451,9 @@ impl Inbox {
             return Err(PlaceError::NotNow);
         }
         let host = mr.host_addr.wrapping_add(p.va - mr.iova);
+        if let Some(done) = self.write_shared(pid, &mr, host, p.data) {
+            return done;
+        }
         match self.write_owner(pid, host, p.data) {
             Ok(n) if n == p.data.len() => Ok(host),
             Ok(_) => Err(PlaceError::Fault),
@@ -417,6 +467,52 @@ impl Inbox {
 }
 
 impl Inbox {
+    /// Write `data` at `host` of the owner, process `pid`, through this
+    /// process's mapping of the memfd that holds `mr`'s whole pages, if
+    /// they are in one and `host..host + len` lies in them: a memory
+    /// copy, no system call. The mapping is made at the first such write
+    /// (opening `/proc/<pid>/fd/<n>`, which needs the rights that writing
+    /// the process's memory needs, and checking the file's inode) and
+    /// kept. `None`: write it another way.
+    fn write_shared(
+        &self,
+        pid: i32,
+        mr: &PlaceableMr,
+        host: u64,
+        data: &[u8],
+    ) -> Option<Result<u64, PlaceError>> {
+        let s = mr.shared?;
+        let (first, end) = crate::shared_mr::whole_pages(mr.host_addr, mr.len);
+        if host < first || host.checked_add(data.len() as u64)? > end {
+            return None;
+        }
+        let off = usize::try_from(s.off.checked_add(host - first)?).ok()?;
+        let mut maps = self.shared_maps.lock().unwrap_or_else(|p| p.into_inner());
+        let i = match maps.iter().position(|m| m.ino == s.ino) {
+            Some(i) => i,
+            None => {
+                let m = SharedMap::open(pid, s)?;
+                // Mappings of memfds no published MR names any more (their
+                // owner deregistered the MRs) keep only memory alive.
+                let live = self.shared_inodes();
+                maps.retain(|m| live.contains(&m.ino));
+                let total: usize = maps.iter().map(|m| m.map.len()).sum();
+                if total + m.map.len() > 2 * crate::shared_mr::MAX_TOTAL as usize {
+                    maps.clear();
+                }
+                maps.push(m);
+                maps.len() - 1
+            }
+        };
+        let m = &maps[i];
+        if off.checked_add(data.len())? > m.map.len() {
+            return None;
+        }
+        m.map.write(off, data);
+        PLACED_SHARED.fetch_add(1, Relaxed);
+        Some(Ok(host))
+    }
+
     /// Write `data` at `addr` of the owner, process `pid`, the faster of
     /// two ways on this machine ([`WAY`]): through its `/proc/<pid>/mem`,
     /// opened once per inbox where that opens (the same ptrace rights as
@@ -452,15 +548,53 @@ impl Inbox {
     }
 }
 
+/// A peer's memfd of moved MR pages, mapped here.
+pub(crate) struct SharedMap {
+    ino: u64,
+    map: shm::Mapping,
+}
+
+impl SharedMap {
+    /// Map the memfd `s` of process `pid` (the whole file), if it opens
+    /// and is the file named (its inode).
+    fn open(pid: i32, s: crate::SharedPages) -> Option<SharedMap> {
+        use std::os::unix::fs::MetadataExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{}", s.fd))
+            .ok()?;
+        let md = f.metadata().ok()?;
+        if md.ino() != s.ino || md.len() == 0 {
+            return None;
+        }
+        let fd: std::os::fd::OwnedFd = f.into();
+        let map = shm::Mapping::map(&fd, usize::try_from(md.len()).ok()?).ok()?;
+        Some(SharedMap { ino: s.ino, map })
+    }
+}
+
+/// Placements written through a mapping of the owner's MR pages
+/// (`rxe-emu stat`'s `placed_shared`), by this process.
+static PLACED_SHARED: AtomicU64 = AtomicU64::new(0);
+
+/// This process's placements through shared MR pages so far.
+pub fn placed_shared() -> u64 {
+    PLACED_SHARED.load(Relaxed)
+}
+
 /// How this process writes placements into other processes, in
-/// `rxe-emu stat`'s words: `proc_mem`, `process_vm_writev`, or `timing`
-/// (not chosen yet: fewer than 32 placements timed so far). Whatever
-/// the choice, a peer whose `/proc/<pid>/mem` does not open is written
-/// with `process_vm_writev`.
+/// `rxe-emu stat`'s words, where the MR's pages are not in shared memory:
+/// `proc_mem`, `process_vm_writev`, or `timing` (not chosen yet: fewer
+/// than 32 placements timed so far); `shared_memory` while every
+/// placement so far went into shared MR pages (`placed_shared`).
+/// Whatever the choice, a peer whose `/proc/<pid>/mem` does not open is
+/// written with `process_vm_writev`.
 pub fn placement_way() -> &'static str {
     match WAY.way() {
         Way::Mem => "proc_mem",
         Way::Pvw => "process_vm_writev",
+        Way::Undecided if WAY.started.load(Relaxed) == 0 && placed_shared() > 0 => "shared_memory",
         Way::Undecided => "timing",
     }
 }

@@ -62,6 +62,7 @@ fn tables_at(rx: &Inbox, host_addr: u64, epsn: u32, pd: u32) {
         iova: IOVA,
         len: 64,
         host_addr,
+        shared: None,
     }));
     rx.publish_qp(QPN, Some(&PlaceableQp { qpn: QPN, pd, epsn }));
 }
@@ -161,6 +162,7 @@ fn a_payload_is_placed_only_where_the_consumers_tables_allow_it() {
         iova: 0,
         len: 8,
         host_addr: t.addr(),
+        shared: None,
     };
     assert!(
         rx.publish_mr(&other),

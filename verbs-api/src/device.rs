@@ -638,11 +638,39 @@ impl Inner {
         }
     }
 
+    /// An MR of `len` bytes at `host` with `access` is about to be
+    /// registered: with `may_move` (memory the caller manages, no Rust
+    /// reference to it), its pages move into shared memory if peers may
+    /// place into it and that is safe now (`local_link::shared_mr`).
+    /// Every MR is noted, so that no move touches another's pages; pair
+    /// with [`Inner::forget_mr_range`].
+    pub(crate) fn note_mr_range(
+        &self,
+        host: u64,
+        len: u64,
+        access: rxe_core::AccessFlags,
+        may_move: bool,
+    ) {
+        let share = may_move && self.local.as_ref().is_some_and(|l| l.placeable(access));
+        local_link::shared_mr::register(host, len, share);
+    }
+
+    /// The MR of `len` bytes at `host` is gone (or moved elsewhere).
+    pub(crate) fn forget_mr_range(&self, host: u64, len: u64) {
+        local_link::shared_mr::deregister(host, len);
+    }
+
     /// MR `rkey` is about to be deregistered or changed: returns once no
     /// peer can still be placing into it.
     pub(crate) fn unpublish_mr(&self, rkey: u32) {
-        if let Some(ll) = &self.local {
-            ll.unpublish_mr(rkey);
+        if self.local.as_ref().is_some_and(|ll| ll.unpublish_mr(rkey)) {
+            // Peers placed into it until now; their packets are in the
+            // inbox. The engine takes them while the MR is still there:
+            // the application may have seen a payload, and deregistered
+            // on that, before a thread of ours read its packet, and the
+            // WRITE must then succeed (kernel rxe checks the rkey before
+            // the payload lands), not fail on a key gone since.
+            self.catch_up();
         }
     }
 
@@ -1628,13 +1656,17 @@ impl Inner {
                     self.local.as_ref().map_or(0, |l| l.kicks())
                 );
                 // WRITEs whose payload this process wrote into a peer's
-                // memory itself, and placed WRITEs to this process that
-                // its engine then refused.
+                // memory itself (of them, how many by a copy into the
+                // peer's shared MR pages), placed WRITEs to this process
+                // that its engine then refused, and the bytes of this
+                // process's MR pages in shared memory.
                 l += &format!(
-                    " placed_writes={} placed_refused={} placed_via={}",
+                    " placed_writes={} placed_shared={} placed_refused={} placed_via={} shared_mr_bytes={}",
                     self.local.as_ref().map_or(0, |l| l.placed()),
+                    local_link::placed_shared(),
                     self.placed_refused.load(Ordering::Relaxed),
-                    local_link::placement_way()
+                    local_link::placement_way(),
+                    local_link::shared_mr::shared_bytes()
                 );
                 out.push(l);
                 for q in e.qp_summaries() {
@@ -2173,10 +2205,26 @@ impl Device {
             fault_queue_drops: std::sync::atomic::AtomicU64::new(0),
         });
         let worker = inner.clone();
+        // The thread is noted as the library's own (it writes only into
+        // registered MRs, so an MR's pages may move while it runs:
+        // `local_link::shared_mr`) before the device is handed out.
+        let (noted, is_noted) = std::sync::mpsc::sync_channel(1);
         let handle = std::thread::Builder::new()
             .name(format!("rxe-emu {}", inner.cfg.name))
-            .spawn(move || worker.progress_loop())
+            .spawn(move || {
+                struct Own;
+                impl Drop for Own {
+                    fn drop(&mut self) {
+                        local_link::shared_mr::forget_own_thread();
+                    }
+                }
+                local_link::shared_mr::note_own_thread();
+                let _own = Own;
+                let _ = noted.send(());
+                worker.progress_loop()
+            })
             .map_err(|e| Error::Io(e.to_string()))?;
+        let _ = is_noted.recv();
         let dev = Device {
             _thread: Arc::new(ThreadGuard {
                 inner: inner.clone(),

@@ -201,27 +201,32 @@ impl LocalLink {
     /// Publish MR `mr` for placement if peers may write it (remote write,
     /// not on-demand paging, whose pages need not be there).
     pub(crate) fn publish_mr(&self, mr: &rxe_core::mr::Mr) {
-        use rxe_core::AccessFlags;
-        if self.placement
-            && mr.access.contains(AccessFlags::REMOTE_WRITE)
-            && !mr.access.contains(AccessFlags::ON_DEMAND)
-        {
+        if self.placeable(mr.access) {
             self.own.publish_mr(&PlaceableMr {
                 rkey: mr.rkey,
                 pd: mr.pd.0,
                 iova: mr.iova,
                 len: mr.length,
                 host_addr: mr.host_addr,
+                shared: local_link::shared_mr::shared_pages(mr.host_addr, mr.length),
             });
         }
     }
 
+    /// Whether peers may place into an MR with `access` (remote write, not
+    /// on-demand paging, whose pages need not be there): such an MR's
+    /// pages are worth moving into shared memory (`local_link::shared_mr`).
+    pub(crate) fn placeable(&self, access: rxe_core::AccessFlags) -> bool {
+        use rxe_core::AccessFlags;
+        self.placement
+            && access.contains(AccessFlags::REMOTE_WRITE)
+            && !access.contains(AccessFlags::ON_DEMAND)
+    }
+
     /// `rkey` is about to be deregistered or changed: returns once no
     /// peer can still be placing into it.
-    pub(crate) fn unpublish_mr(&self, rkey: u32) {
-        if self.placement {
-            self.own.unpublish_mr(rkey);
-        }
+    pub(crate) fn unpublish_mr(&self, rkey: u32) -> bool {
+        self.placement && self.own.unpublish_mr(rkey)
     }
 
     /// Publish whether QP `qpn`'s responder would execute a WRITE ONLY

@@ -144,7 +144,10 @@ impl ProtectionDomain {
         let addr = buf.as_mut_ptr() as usize as u64;
         let len = buf.len() as u64;
         self.dev.inner.check_alive()?;
-        let mr = self.dev.inner.lock().reg_mr(self.h, addr, len, access)?;
+        // Borrowed Rust memory never moves.
+        self.dev.inner.note_mr_range(addr, len, access, false);
+        let r = self.dev.inner.lock().reg_mr(self.h, addr, len, access);
+        let mr = r.inspect_err(|_| self.dev.inner.forget_mr_range(addr, len))?;
         self.dev.inner.publish_mr(&mr);
         Ok(MemoryRegion {
             dev: self.dev.clone(),
@@ -177,8 +180,16 @@ impl ProtectionDomain {
         access: AccessFlags,
     ) -> Result<MemoryRegion<'static>> {
         self.dev.inner.check_alive()?;
+        self.dev.inner.note_mr_range(addr, len, access, true);
         let mut e = self.dev.inner.lock();
-        let mr = e.reg_mr_iova(self.h, addr, len, iova, access)?;
+        let mr = match e.reg_mr_iova(self.h, addr, len, iova, access) {
+            Ok(mr) => mr,
+            Err(err) => {
+                drop(e);
+                self.dev.inner.forget_mr_range(addr, len);
+                return Err(err.into());
+            }
+        };
         if access.contains(AccessFlags::ON_DEMAND) {
             // Its pages may come and go: every access checks them.
             e.mem_mut().add_odp(mr.lkey, addr, len);
@@ -479,6 +490,18 @@ impl MemoryRegion<'static> {
         // No peer may be writing the old range (or with the old rights)
         // once this returns; on error it is published again as it was.
         self.dev.inner.unpublish_mr(self.rkey);
+        // A new range is noted (and may move) before the region points
+        // at it; the old one is let go of once it no longer does.
+        if let Some((addr, len, _)) = range {
+            let access = access.unwrap_or_else(|| {
+                self.dev
+                    .inner
+                    .lock()
+                    .mr(self.lkey)
+                    .map_or(AccessFlags::empty(), |m| m.access)
+            });
+            self.dev.inner.note_mr_range(addr, len, access, true);
+        }
         let mut e = self.dev.inner.lock();
         let mr = match e.rereg_mr(self.lkey, pd.map(|p| p.h), range, access) {
             Ok(mr) => mr,
@@ -486,9 +509,16 @@ impl MemoryRegion<'static> {
                 if let Some(old) = e.mr(self.lkey) {
                     self.dev.inner.publish_mr(old);
                 }
+                drop(e);
+                if let Some((addr, len, _)) = range {
+                    self.dev.inner.forget_mr_range(addr, len);
+                }
                 return Err(err.into());
             }
         };
+        if range.is_some() {
+            self.dev.inner.forget_mr_range(self.host, self.len);
+        }
         e.mem_mut().remove_odp(mr.lkey);
         if mr.access.contains(AccessFlags::ON_DEMAND) {
             e.mem_mut().add_odp(mr.lkey, mr.host_addr, mr.length);
@@ -521,6 +551,7 @@ impl<'a> MemoryRegion<'a> {
         match r {
             Ok(()) => {
                 self.closed = true;
+                self.dev.inner.forget_mr_range(self.host, self.len);
                 Ok(())
             }
             Err(e) => Err((self, e.into())),
@@ -537,6 +568,8 @@ impl Drop for MemoryRegion<'_> {
             let mut e = self.dev.inner.lock();
             if e.dereg_mr(self.lkey).is_ok() {
                 e.mem_mut().remove_odp(self.lkey);
+                drop(e);
+                self.dev.inner.forget_mr_range(self.host, self.len);
             }
         }
     }

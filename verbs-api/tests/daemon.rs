@@ -1503,7 +1503,7 @@ fn rtr_with_a_qp_of_another_process_opens_its_inbox_before_the_first_message() {
         // How it writes placements is each process's word, not summed.
         let line = slot_line(&s, slot);
         assert!(
-            ["proc_mem", "process_vm_writev", "timing"]
+            ["proc_mem", "process_vm_writev", "timing", "shared_memory"]
                 .iter()
                 .any(|w| line.contains(&format!(" placed_via {w}"))),
             "{s}"
