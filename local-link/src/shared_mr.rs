@@ -24,7 +24,7 @@
 //! - at most [`MAX_SEGMENT`] bytes per MR, [`MAX_TOTAL`] in all.
 //!
 //! Otherwise the MR stays where it is and placements take the system
-//! call, as before. `RXE_EMU_SHARED_MR=0` turns the move off.
+//! call, as before. `RXE_EMU_SHARED_MR=off` turns the move off.
 //!
 //! What changes for the application: its registered pages are shared
 //! memory from then on. `fork()` gives the child a private copy of them
@@ -132,7 +132,10 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
 
 fn disabled() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("RXE_EMU_SHARED_MR").is_ok_and(|v| v.trim() == "0"))
+    *OFF.get_or_init(|| {
+        std::env::var("RXE_EMU_SHARED_MR")
+            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "0" | "no"))
+    })
 }
 
 /// The calling thread is one of this library's own (a progress thread):
