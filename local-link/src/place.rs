@@ -491,24 +491,33 @@ impl Inbox {
         let i = match maps.iter().position(|m| m.ino == s.ino) {
             Some(i) => i,
             None => {
-                let m = SharedMap::open(pid, s)?;
+                // A memfd that did not open (no rights, the owner gone)
+                // is not tried again at every packet.
+                if maps.iter().any(|m| m.failed == Some(s.ino)) {
+                    return None;
+                }
+                let Some(m) = SharedMap::open(pid, s) else {
+                    maps.retain(|m| m.failed.is_none());
+                    maps.push(SharedMap::failed(s.ino));
+                    return None;
+                };
                 // Mappings of memfds no published MR names any more (their
                 // owner deregistered the MRs) keep only memory alive.
                 let live = self.shared_inodes();
-                maps.retain(|m| live.contains(&m.ino));
-                let total: usize = maps.iter().map(|m| m.map.len()).sum();
-                if total + m.map.len() > 2 * crate::shared_mr::MAX_TOTAL as usize {
+                maps.retain(|m| m.failed.is_some() || live.contains(&m.ino));
+                let total: usize = maps.iter().map(|m| m.len()).sum();
+                if total + m.len() > 2 * crate::shared_mr::MAX_TOTAL as usize {
                     maps.clear();
                 }
                 maps.push(m);
                 maps.len() - 1
             }
         };
-        let m = &maps[i];
-        if off.checked_add(data.len())? > m.map.len() {
+        let map = maps[i].map.as_ref()?;
+        if off.checked_add(data.len())? > map.len() {
             return None;
         }
-        m.map.write(off, data);
+        map.write(off, data);
         PLACED_SHARED.fetch_add(1, Relaxed);
         Some(Ok(host))
     }
@@ -548,13 +557,27 @@ impl Inbox {
     }
 }
 
-/// A peer's memfd of moved MR pages, mapped here.
+/// A peer's memfd of moved MR pages, mapped here (or one that would not
+/// open: `failed`).
 pub(crate) struct SharedMap {
     ino: u64,
-    map: shm::Mapping,
+    map: Option<shm::Mapping>,
+    failed: Option<u64>,
 }
 
 impl SharedMap {
+    fn failed(ino: u64) -> SharedMap {
+        SharedMap {
+            ino: 0,
+            map: None,
+            failed: Some(ino),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map.as_ref().map_or(0, |m| m.len())
+    }
+
     /// Map the memfd `s` of process `pid` (the whole file), if it opens
     /// and is the file named (its inode).
     fn open(pid: i32, s: crate::SharedPages) -> Option<SharedMap> {
@@ -570,7 +593,11 @@ impl SharedMap {
         }
         let fd: std::os::fd::OwnedFd = f.into();
         let map = shm::Mapping::map(&fd, usize::try_from(md.len()).ok()?).ok()?;
-        Some(SharedMap { ino: s.ino, map })
+        Some(SharedMap {
+            ino: s.ino,
+            map: Some(map),
+            failed: None,
+        })
     }
 }
 

@@ -247,6 +247,12 @@ pub fn register(host: u64, len: u64, share: bool) {
 /// [`register`]; `threads`: check that no other application thread runs
 /// (tests, whose harness has threads of its own, vouch for it instead).
 fn register_checked(host: u64, len: u64, share: bool, threads: bool) {
+    if share {
+        // Before any page moves, and not under LOCK: glibc's fork holds
+        // its handler list's lock while it runs `fork_prepare`, which
+        // waits for LOCK.
+        remap::at_fork(fork_prepare, fork_parent, fork_child);
+    }
     with_state(|st| {
         move_back_leftovers(st, threads);
         let seg = if share && !disabled() {
@@ -263,19 +269,21 @@ fn share_pages(st: &mut State, host: u64, len: u64, threads: bool) -> Option<u64
     if end <= first {
         return None;
     }
-    let vmas = maps()?;
     // Inside pages already moved (another MR of the same buffer).
     if let Some(s) = st
         .segments
         .iter_mut()
         .find(|s| s.start <= first && end <= s.start + s.len)
     {
-        if !still_mapped(&vmas, s) {
+        if !still_mapped(&maps()?, s) {
             return None;
         }
         s.users += 1;
         return Some(s.ino);
     }
+    // The checks that need no system call first: a program with threads
+    // (UCX, MPI) pays one directory read per registration, not a read of
+    // its whole memory map.
     let n = end - first;
     let total: u64 = st.segments.iter().map(|s| s.len).sum();
     if n > MAX_SEGMENT || total + n > MAX_TOTAL || st.segments.len() >= MAX_SEGMENTS {
@@ -289,8 +297,8 @@ fn share_pages(st: &mut State, host: u64, len: u64, threads: bool) -> Option<u64
     };
     if st.mrs.iter().any(|m| touches(m.host, m.len))
         || st.segments.iter().any(|s| touches(s.start, s.len))
-        || !private_anonymous(&vmas, first, end)
         || (threads && !only_caller_runs(&st.own))
+        || !private_anonymous(&maps()?, first, end)
     {
         return None;
     }
@@ -308,7 +316,6 @@ fn share_pages(st: &mut State, host: u64, len: u64, threads: bool) -> Option<u64
         .metadata()
         .ok()?
         .ino();
-    remap::at_fork(fork_prepare, fork_parent, fork_child);
     st.segments.push(Segment {
         start: first,
         len: n,
@@ -606,6 +613,25 @@ mod tests {
         assert_eq!(place(2, 0x1000 + 8, &[5u8; 16]), Ok(mr_host + 8));
         assert_eq!(crate::placed_shared(), before + 1);
         assert_eq!(&b[p as usize - 8..p as usize + 8], &[5u8; 16]);
+        // An entry naming a file that is not the one at that fd (another
+        // inode): not mapped, the system call instead, every time.
+        rx.unpublish_mr(0x77);
+        assert!(rx.publish_mr(&PlaceableMr {
+            rkey: 0x77,
+            pd: 1,
+            iova: 0x1000,
+            len: mr_len,
+            host_addr: mr_host,
+            shared: Some(SharedPages {
+                ino: shared.ino + 1,
+                ..shared
+            }),
+        }));
+        for psn in 3..5 {
+            assert_eq!(place(psn, 0x1000 + 16 + 32, b"syscall!"), Ok(host + p + 32));
+        }
+        assert_eq!(crate::placed_shared(), before + 1);
+        assert_eq!(&b[p as usize + 32..p as usize + 40], b"syscall!");
         rx.unpublish_mr(0x77);
         deregister_checked(mr_host, mr_len, false);
         assert_eq!(&b[p as usize + 8..p as usize + 16], b"shared!!");
