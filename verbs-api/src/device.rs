@@ -798,10 +798,12 @@ impl Inner {
     }
 
     /// A connected QP of this process now talks to QP `dest_qpn` at
-    /// `dst`: if that is a QP of this device (another process's, or ours),
-    /// ready the same-host path to it now rather than at the first message
-    /// ([`crate::local::LocalLink::warm`]).
+    /// `dst`: run the engine's data path once if this process has not
+    /// ([`crate::warmup`]), and if that is a QP of this device (another
+    /// process's, or ours), ready the same-host path to it now rather than
+    /// at the first message ([`crate::local::LocalLink::warm`]).
     pub(crate) fn warm_path(&self, dst: IpAddr, dest_qpn: u32) {
+        crate::warmup::once(self.cfg.addr, self.cfg.release, self.local.is_some());
         if let Some(l) = &self.local {
             if dst == self.cfg.addr {
                 l.warm((dest_qpn >> 16) as usize, &|| self.now());

@@ -67,6 +67,7 @@ mod hostmem;
 mod local;
 mod objects;
 mod sys;
+mod warmup;
 
 pub use device::{
     device_list, gid_table, like_from_env, open_device, Device, DeviceConfig, FaultConfig, PortAttr,
