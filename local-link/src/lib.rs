@@ -753,6 +753,14 @@ impl Inbox {
         let _ = (&self.event).read(&mut b);
     }
 
+    /// Consumer, done waiting, its wait having found the eventfd not
+    /// readable: [`Inbox::sleep_end`] without the read (a system call that
+    /// would find nothing). A producer that kicked since leaves the eventfd
+    /// readable: the next wait on it ends at once, and reads it then.
+    pub fn sleep_end_unkicked(&self) {
+        self.map.u32_at(OFF_SLEEPING).store(AWAKE, SeqCst);
+    }
+
     /// The fd that becomes readable when a producer kicks.
     pub fn event_fd(&self) -> RawFd {
         self.event.as_raw_fd()

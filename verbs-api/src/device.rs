@@ -428,6 +428,20 @@ const PENDING_RETRY: Duration = Duration::from_micros(100);
 /// typical (average 171-192 -> 88-116).
 const APP_TICK: Duration = Duration::from_millis(10);
 
+/// What the progress thread's last wait found not readable (all false:
+/// nothing known).
+#[derive(Debug, Default, Clone, Copy)]
+struct Quiet {
+    /// The wake pipe.
+    pipe: bool,
+    /// The daemon connection.
+    control: bool,
+    /// The device's UDP socket.
+    socket: bool,
+    /// The inbox's kick eventfd.
+    kick: bool,
+}
+
 /// Attributes of the device's one port (`ibv_query_port`, port 1), as kernel
 /// rxe reports them for the same netdev.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1189,6 +1203,18 @@ impl Inner {
     /// last send) and one more `recv` that finds the socket empty: both
     /// wait for its next poll, or the progress thread.
     pub(crate) fn progress(&self, buf: &mut [u8], app: bool, polled: Option<rxe_core::CqHandle>) {
+        self.progress_quiet(buf, app, polled, false);
+    }
+
+    /// [`Inner::progress`]; `socket_quiet`: a wait just found the UDP
+    /// socket not readable, so this round does not read it.
+    fn progress_quiet(
+        &self,
+        buf: &mut [u8],
+        app: bool,
+        polled: Option<rxe_core::CqHandle>,
+        socket_quiet: bool,
+    ) {
         if let Some(ll) = &self.local {
             ll.rekick();
         }
@@ -1205,7 +1231,7 @@ impl Inner {
             handled: 0,
         };
         let mut done = self.drain_local(&mut e, buf, &mut r);
-        if !done && (!app || self.udp_in_use()) {
+        if !done && !socket_quiet && (!app || self.udp_in_use()) {
             done = self.drain_socket(&mut e, &self.socket, self.cfg.addr, buf, &mut r);
         }
         if !done {
@@ -1786,6 +1812,27 @@ impl Inner {
         self.to_daemon(&text);
     }
 
+    /// Which of `fds`, just waited on, the wait found not readable
+    /// (`mask`: [`crate::sys::wait_readable_mask`]'s answer; `None` knows
+    /// nothing).
+    fn quiet_after(&self, fds: &[std::os::fd::RawFd], mask: Option<u64>) -> Quiet {
+        let Some(mask) = mask else {
+            return Quiet::default();
+        };
+        let quiet = |fd: std::os::fd::RawFd| {
+            fds.iter()
+                .take(64)
+                .enumerate()
+                .any(|(i, f)| *f == fd && mask & 1 << i == 0)
+        };
+        Quiet {
+            pipe: quiet(self.wake_rx.as_raw_fd()),
+            control: self.control.as_ref().is_some_and(|c| quiet(c.as_raw_fd())),
+            socket: quiet(self.socket.as_raw_fd()),
+            kick: self.local.as_ref().is_some_and(|l| quiet(l.own.event_fd())),
+        }
+    }
+
     /// The fds to wait on: the wake pipe, the daemon connection until it
     /// has ended (after that it is always readable) and, with `data`, the
     /// socket and the multicast sockets.
@@ -1834,7 +1881,13 @@ impl Inner {
         // read its wake pipe and the daemon's connection.
         let mut spun = false;
         let mut looked = self.now();
+        // What the last wait found not readable: this round does not read
+        // it (each read that finds nothing is a system call, tens of
+        // microseconds of a woken thread in the TCG guest). What became
+        // readable since ends the next wait at once.
+        let mut quiet = Quiet::default();
         while !self.stop.load(Ordering::SeqCst) {
+            let q = std::mem::take(&mut quiet);
             // Two system calls each round: a responder that serves a
             // datagram per round (ib_read_lat's server, a stream's
             // receiver) makes them only every HOUSEKEEPING while it spins.
@@ -1842,8 +1895,12 @@ impl Inner {
             let now = self.now();
             if !spun || now.saturating_duration_since(looked) >= HOUSEKEEPING {
                 looked = now;
-                while self.wake_rx.recv(&mut wbuf).is_ok() {}
-                self.check_control();
+                if !q.pipe {
+                    while self.wake_rx.recv(&mut wbuf).is_ok() {}
+                }
+                if !q.control {
+                    self.check_control();
+                }
                 self.flush_control_out();
             }
             spun = false;
@@ -1875,6 +1932,7 @@ impl Inner {
                     } else {
                         wait
                     };
+
                     // Should the application stop polling now, what it
                     // would have sent or fired is not late by a whole
                     // MAX_SPIN_WAIT: held responses, and a timer (a
@@ -1898,10 +1956,12 @@ impl Inner {
                     // polling (`note_app_poll`); none come before.
                     let kick = self.local.as_ref().map(|l| l.own.event_fd());
                     fds.extend(kick);
-                    let ready = crate::sys::wait_readable_which(&fds, Some(wait));
+                    let mask = crate::sys::wait_readable_mask(&fds, Some(wait));
+                    let ready = mask.unwrap_or(0);
                     if ready != 0 {
                         self.progress_wakeups.fetch_add(1, Ordering::Relaxed);
                     }
+                    quiet = self.quiet_after(&fds, mask);
                     let is_ready = |fd: std::os::fd::RawFd| {
                         fds.iter()
                             .enumerate()
@@ -1920,7 +1980,10 @@ impl Inner {
                 }
                 self.spin_sleeping.store(false, Ordering::SeqCst);
                 if woken {
-                    self.progress(&mut buf, false, None);
+                    // The socket is read only if the wait said it is
+                    // readable, or did not watch it (the application
+                    // reads it while it polls).
+                    self.progress_quiet(&mut buf, false, None, quiet.socket);
                 }
                 // The longer the application keeps polling, the less often
                 // this thread wakes to look (each wake preempts a spinning
@@ -1939,7 +2002,7 @@ impl Inner {
             {
                 spin_wait = APP_POLL_GRACE;
             }
-            self.progress(&mut buf, false, None);
+            self.progress_quiet(&mut buf, false, None, q.socket);
             let deadline = match (self.lock().poll_timeout(), self.next_due()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -1968,6 +2031,7 @@ impl Inner {
             } else {
                 wait
             };
+
             let posted = self.last_app_post.load(Ordering::Relaxed);
             let wait = if posted != 0
                 && now.as_nanos().saturating_sub(posted) < APP_TICK.as_nanos() as u64
@@ -1988,15 +2052,24 @@ impl Inner {
                 continue;
             }
             let inbox_quiet = self.local.as_ref().is_none_or(|l| l.own.sleep_begin());
-            if inbox_quiet
-                && self.lock().poll_timeout().is_none_or(|d| d >= now + wait)
-                && crate::sys::wait_readable(&self.watched(true), Some(wait))
-            {
-                self.progress_wakeups.fetch_add(1, Ordering::Relaxed);
+            if inbox_quiet && self.lock().poll_timeout().is_none_or(|d| d >= now + wait) {
+                let fds = self.watched(true);
+                let mask = crate::sys::wait_readable_mask(&fds, Some(wait));
+                if mask.is_some_and(|m| m != 0) {
+                    self.progress_wakeups.fetch_add(1, Ordering::Relaxed);
+                }
+                quiet = self.quiet_after(&fds, mask);
             }
             if let Some(l) = &self.local {
                 if inbox_quiet {
-                    l.own.sleep_end();
+                    if quiet.kick {
+                        // Not kicked when the wait ended: nothing to read
+                        // from the eventfd (a kick since ends the next
+                        // wait at once, and is read then).
+                        l.own.sleep_end_unkicked();
+                    } else {
+                        l.own.sleep_end();
+                    }
                 }
             }
             self.sleeping_until.store(0, Ordering::Release);

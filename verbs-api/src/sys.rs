@@ -16,6 +16,13 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> bool {
 /// [`wait_readable`], telling which: bit `i` is set if `fds[i]` (of the
 /// first 64) is readable or in error. 0 on timeout or EINTR.
 pub(crate) fn wait_readable_which(fds: &[RawFd], timeout: Option<Duration>) -> u64 {
+    wait_readable_mask(fds, timeout).unwrap_or(0)
+}
+
+/// [`wait_readable_which`], but `None` when the wait ended without
+/// saying which fds are readable (EINTR, or an error): then none is known
+/// to be quiet. `Some(0)` is a timeout: none was readable.
+pub(crate) fn wait_readable_mask(fds: &[RawFd], timeout: Option<Duration>) -> Option<u64> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -42,14 +49,16 @@ pub(crate) fn wait_readable_which(fds: &[RawFd], timeout: Option<Duration>) -> u
             std::ptr::null(),
         )
     };
-    if n <= 0 {
-        return 0;
+    if n < 0 {
+        return None;
     }
-    pfds.iter()
-        .take(64)
-        .enumerate()
-        .filter(|(_, p)| p.revents != 0)
-        .fold(0, |m, (i, _)| m | 1 << i)
+    Some(
+        pfds.iter()
+            .take(64)
+            .enumerate()
+            .filter(|(_, p)| p.revents != 0)
+            .fold(0, |m, (i, _)| m | 1 << i),
+    )
 }
 
 /// Make the calling thread's timed waits end on time (`PR_SET_TIMERSLACK`
