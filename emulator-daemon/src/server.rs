@@ -548,7 +548,21 @@ impl Server {
 
     /// Serve until `STOP`, a signal, or `stop` is set (checked at least
     /// every 100 ms). Removes the control socket on the way out.
-    pub fn run(mut self, stop: &AtomicBool) -> Result<(), String> {
+    pub fn run(self, stop: &AtomicBool) -> Result<(), String> {
+        self.run_with(stop, std::time::Duration::from_millis(100))
+    }
+
+    /// Serve until `STOP` or a signal (`rxe-emud`). With nothing due the
+    /// daemon sleeps up to a second: each wake takes a CPU from the
+    /// applications for a moment (in a TCG guest, a few hundred
+    /// microseconds), and every deadline it has (CM timers, queries to
+    /// processes) ends its wait on time anyway.
+    pub fn run_until_stopped(self) -> Result<(), String> {
+        self.run_with(&AtomicBool::new(false), std::time::Duration::from_secs(1))
+    }
+
+    /// [`Server::run`], sleeping at most `longest` when nothing is due.
+    fn run_with(mut self, stop: &AtomicBool, longest: std::time::Duration) -> Result<(), String> {
         let mut buf = vec![0u8; 65536];
         let mut stopping = false;
         while !stopping && !stop.load(Ordering::SeqCst) {
@@ -587,16 +601,22 @@ impl Server {
                         PollFlags::POLLIN,
                     ));
                 }
-                // At most 100 ms; sooner for a CM deadline, and 5 ms
-                // while events wait for room in a channel.
-                let mut wait = std::time::Duration::from_millis(100);
+                // At most `longest`; sooner for a CM deadline or a query
+                // to processes, and 5 ms while events wait for room in a
+                // channel. Rounded up to whole milliseconds: a deadline
+                // is never polled for in a busy loop.
+                let now = std::time::Instant::now();
+                let mut wait = longest;
                 if let Some(t) = self.cm.poll_timeout() {
-                    wait = wait.min(t.saturating_duration_since(std::time::Instant::now()));
+                    wait = wait.min(t.saturating_duration_since(now));
+                }
+                if let Some(t) = self.pending.values().map(|p| p.deadline).min() {
+                    wait = wait.min(t.saturating_duration_since(now));
                 }
                 if self.cm_backlog() {
                     wait = wait.min(std::time::Duration::from_millis(5));
                 }
-                let ms = u16::try_from(wait.as_millis()).unwrap_or(100);
+                let ms = u16::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(1000);
                 match poll(&mut fds, PollTimeout::from(ms)) {
                     Ok(_) => {}
                     Err(nix::errno::Errno::EINTR) => continue,

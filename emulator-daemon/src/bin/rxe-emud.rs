@@ -4,7 +4,6 @@
 //! (default device: rxe0=127.0.0.1). Usually started by `rxe-emu start`.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 
 use clap::Parser;
 use emulator_daemon::server::{DeviceSpec, Server, ServerConfig, DEFAULT_SLOTS};
@@ -77,7 +76,7 @@ fn main() {
     // Tell a parent waiting on our stdout that we are ready (or, above,
     // why we are not: `failed: <reason>`).
     println!("ready");
-    if let Err(e) = server.run(&AtomicBool::new(false)) {
+    if let Err(e) = server.run_until_stopped() {
         eprintln!("rxe-emud: {e}");
         std::process::exit(1);
     }
