@@ -1936,7 +1936,6 @@ impl Inner {
                     } else {
                         wait
                     };
-
                     // Should the application stop polling now, what it
                     // would have sent or fired is not late by a whole
                     // MAX_SPIN_WAIT: held responses, and a timer (a
@@ -2020,7 +2019,6 @@ impl Inner {
             } else {
                 wait
             };
-
             let posted = self.last_app_post.load(Ordering::Relaxed);
             let wait = if posted != 0
                 && now.as_nanos().saturating_sub(posted) < APP_TICK.as_nanos() as u64

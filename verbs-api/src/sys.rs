@@ -10,18 +10,13 @@ use std::time::Duration;
 /// Wait until one of `fds` is readable or `timeout` passes (`None`: no
 /// limit). Returns false on timeout. EINTR counts as a timeout.
 pub(crate) fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> bool {
-    wait_readable_which(fds, timeout) != 0
+    wait_readable_mask(fds, timeout).is_some_and(|m| m != 0)
 }
 
 /// [`wait_readable`], telling which: bit `i` is set if `fds[i]` (of the
-/// first 64) is readable or in error. 0 on timeout or EINTR.
-pub(crate) fn wait_readable_which(fds: &[RawFd], timeout: Option<Duration>) -> u64 {
-    wait_readable_mask(fds, timeout).unwrap_or(0)
-}
-
-/// [`wait_readable_which`], but `None` when the wait ended without
-/// saying which fds are readable (EINTR, or an error): then none is known
-/// to be quiet. `Some(0)` is a timeout: none was readable.
+/// first 64) is readable or in error. `Some(0)` is a timeout (none was
+/// readable); `None` a wait that ended without saying (EINTR, or an
+/// error): then none is known to be quiet.
 pub(crate) fn wait_readable_mask(fds: &[RawFd], timeout: Option<Duration>) -> Option<u64> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
