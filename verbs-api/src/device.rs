@@ -207,8 +207,8 @@ const APP_POLL_GRACE: Duration = Duration::from_millis(1);
 
 /// How often a polling application's stamp (`last_app_poll`, the inbox's
 /// last poll) is renewed while nothing else changes: a fiftieth of the
-/// 1 ms windows they are read against ([`APP_POLL_GRACE`], [`APP_ACTIVE`],
-/// `local_link::POLL_STALE`).
+/// shortest windows they are read against ([`APP_POLL_GRACE`] and
+/// `local_link::POLL_STALE`, 1 ms; [`APP_ACTIVE`] is 20 ms).
 const STAMP_EVERY: Duration = Duration::from_micros(20);
 /// How long the progress thread sleeps while an application keeps
 /// polling, before it looks whether it still does (each look preempts a
@@ -415,8 +415,15 @@ const INBOX_SPIN: Duration = Duration::from_millis(1);
 
 /// An application thread that posted or polled within this long is
 /// taken to be running (it may be spinning on memory): the progress
-/// thread then does not spin beside it.
-const APP_ACTIVE: Duration = Duration::from_millis(1);
+/// thread then does not spin beside it ([`Inner::spin_for_inbox`]).
+/// 20 ms, not 1 ms: an application spinning on memory (ib_write_lat's,
+/// waiting for its peer's WRITE) neither posts nor polls while its peer
+/// is held up, and in the TCG guest that is often 1-3 ms (the host takes
+/// a vCPU away). With 1 ms the kicked progress thread then spun its 1 ms
+/// on the CPU of an application that was about to go on, as the sched
+/// trace showed (`sched_yield` does not help: the thread that slept has
+/// far less CPU time than the one that spins, and CFS picks it again).
+const APP_ACTIVE: Duration = Duration::from_millis(20);
 
 /// How long after the last UDP datagram an application's poll still
 /// reads the UDP socket (devices with the same-host path only).
@@ -1316,25 +1323,29 @@ impl Inner {
     /// Returns whether a datagram came (then do not sleep).
     fn spin_for_inbox(&self) -> bool {
         let Some(l) = &self.local else { return false };
-        let now = self.now().as_nanos();
-        let recent = |t: &std::sync::atomic::AtomicU64, d: Duration| {
+        let recent = |t: &std::sync::atomic::AtomicU64, d: Duration, now: u64| {
             let t = t.load(Ordering::Relaxed);
             t != 0 && now.saturating_sub(t) < d.as_nanos() as u64
         };
-        if !recent(&self.local_rx, INBOX_SPIN)
-            || recent(&self.last_app_post, APP_ACTIVE)
-            || recent(&self.last_app_poll, APP_ACTIVE)
-        {
+        let app_active = |now: u64| {
+            recent(&self.last_app_post, APP_ACTIVE, now)
+                || recent(&self.last_app_poll, APP_ACTIVE, now)
+        };
+        let now = self.now().as_nanos();
+        if !recent(&self.local_rx, INBOX_SPIN, now) || app_active(now) {
             return false;
         }
         let until = self.local_rx.load(Ordering::Relaxed) + INBOX_SPIN.as_nanos() as u64;
-        while self.now().as_nanos() < until && !self.stop.load(Ordering::Relaxed) {
+        loop {
+            let now = self.now().as_nanos();
+            if now >= until || self.stop.load(Ordering::Relaxed) || app_active(now) {
+                return false;
+            }
             if l.own.has_data() {
                 return true;
             }
             std::hint::spin_loop();
         }
-        false
     }
 
     /// Whether an application's poll must read the UDP socket: always,
