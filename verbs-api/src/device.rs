@@ -212,27 +212,31 @@ const APP_POLL_GRACE: Duration = Duration::from_millis(1);
 const STAMP_EVERY: Duration = Duration::from_micros(20);
 /// How long the progress thread sleeps while an application keeps
 /// polling, before it looks whether it still does (each look preempts a
-/// spinning thread on a small machine). It looked after 1, 2, 4, 8 and
-/// 16 ms at the start of each busy-poll period before it settled on this
-/// interval: about half of the timer wakes of the progress threads in a
-/// short run. Looking at this interval from the start, the TCG guest
-/// (ftrace, three interleaved rounds each of `-n 5000`, 2026-11-27) had
-/// 6-8 timer wakes instead of 9-10 in `ib_read_lat` (the progress threads
-/// ran 15-20 times instead of 23-27), and 8-10 instead of 13-16 in
-/// `ib_write_lat`; the 99.9th percentiles moved within their noise.
+/// spinning thread on a small machine).
 /// What arrives after the application stopped polling (without arming a
 /// CQ, and with work outstanding) does not wait for that look: a sender
 /// on this host kicks a process whose application has not polled for
-/// [`local_link::POLL_STALE`], a UDP datagram wakes the thread, held
-/// responses are sent within [`APP_POLL_GRACE`] and the engine's timers
-/// on time. On the 2-core VM the bench's 8-byte ping-pong measured
-/// 1.66-2.31x raw UDP (mean, six runs) with 1 ms, 1.23-1.89x (nine runs)
-/// with 2 ms. 20 ms rather than 2 ms, with that kick: in the TCG guest,
-/// three interleaved rounds (2026-11-27), perftest averages 23-27 / 34-38
-/// / 35-37 µs against 30-37 / 57-77 / 42-45 (send / write / read lat),
-/// 99th percentiles about half, bandwidth 82-91 MB/s against 70-82; on
-/// the host no change beyond noise.
-const MAX_SPIN_WAIT: Duration = Duration::from_millis(20);
+/// [`local_link::POLL_STALE`], a UDP datagram wakes the thread (while UDP
+/// is in use the application reads it and the look is
+/// [`MAX_SPIN_WAIT_UDP`]), held responses are sent within
+/// [`APP_POLL_GRACE`], and the wait ends at the engine's earliest
+/// deadline when it began. A timer armed during the wait (a post's
+/// retransmission timer, when nothing was outstanding before) fires at
+/// the application's next poll, or at this look if it has stopped
+/// polling without arming a CQ: up to 200 ms late, where only a lost
+/// packet (fault injection) makes it matter.
+/// History, in the TCG guest (2 vCPUs, each look 100-300 µs of a CPU an
+/// application spins on): 1 ms looks measured the bench's 8-byte
+/// ping-pong at 1.66-2.31x raw UDP on the 2-core VM, 2 ms at 1.23-1.89x;
+/// 20 ms, with the kicks, perftest averages 23-27 / 34-38 / 35-37 µs
+/// against 30-37 / 57-77 / 42-45 (send / write / read lat). 200 ms
+/// rather than 20 (ftrace, 2026-11-28): 3-4 looks per `ib_write_lat -n
+/// 5000` instead of 8-13 (in a ping-pong the wait mostly ends at the
+/// 67 ms retransmission deadline); four interleaved rounds, medians of the
+/// 99.9th percentiles: `ib_read_lat` 187 µs instead of 297 (kernel rxe
+/// 194), `ib_send_lat` 155 instead of 227 (kernel 138), `ib_write_lat`
+/// 220 instead of 242 (kernel 92). On the host no change beyond noise.
+const MAX_SPIN_WAIT: Duration = Duration::from_millis(200);
 /// While the progress thread finds datagrams by spinning on its inbox, how
 /// often it still reads its wake pipe and the daemon's connection (each a
 /// system call).

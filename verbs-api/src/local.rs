@@ -422,7 +422,7 @@ impl LocalLink {
     /// applications have since stopped polling ([`Inbox::kick`]). Kernel
     /// rxe's responder runs at once; a consumer whose application polled
     /// just before a datagram came, then stopped, would otherwise leave it
-    /// for its progress thread's next look (up to 20 ms), and a sender
+    /// for its progress thread's next look (up to 200 ms), and a sender
     /// waiting for the answer (two devices driven by one thread, as
     /// rdma-core's tests do) with it. Called at each round of progress.
     pub(crate) fn rekick(&self) {
