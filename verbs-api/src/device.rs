@@ -356,6 +356,12 @@ pub(crate) struct Inner {
     /// progress thread watches the socket. Any other poll says it is
     /// waiting for a completion and will take the datagrams itself.
     app_left: AtomicBool,
+    /// The progress thread keeps off for an application that may have
+    /// left but posted within [`APP_POLL_GRACE`] (`left_but_posting`), its
+    /// inbox marked for kicks. Until that application polls again, its
+    /// posts leave the mark: they would otherwise stop the kicks while
+    /// nobody polls.
+    left_spin: AtomicBool,
     /// The daemon connection of a daemon device; end-of-file on it means
     /// the daemon is gone.
     control: Option<std::os::unix::net::UnixStream>,
@@ -1298,9 +1304,12 @@ impl Inner {
         self.last_app_post
             .store(now.as_nanos().max(1), Ordering::Relaxed);
         // It will poll for what it posted, most likely: senders need not
-        // kick the progress thread (see `note_app_poll`).
+        // kick the progress thread (see `note_app_poll`), unless that
+        // thread keeps off only because they kick (`left_spin`).
         if let Some(l) = &self.local {
-            l.own.polling_again();
+            if !self.left_spin.load(Ordering::SeqCst) {
+                l.own.polling_again();
+            }
         }
         now
     }
@@ -1574,6 +1583,9 @@ impl Inner {
             // polled for `POLL_STALE`, so that the progress thread, which
             // keeps off while it polls, need not look often.
             l.own.note_poll(mono);
+            if !may_leave {
+                self.left_spin.store(false, Ordering::SeqCst);
+            }
             if may_leave && !was_left && !l.own.kick_me() {
                 // A datagram came before the inbox asked for kicks.
                 self.wake();
@@ -1591,6 +1603,33 @@ impl Inner {
         }
     }
 
+    /// The progress thread, about to keep off for an application that may
+    /// have left ([`Inner::left_but_posting`]): mark its inbox so that
+    /// senders kick, and its posts leave the mark. Returns false if a
+    /// datagram is already waiting, which nobody will take but this thread.
+    fn mark_left_spin(&self) -> bool {
+        let Some(l) = &self.local else { return true };
+        self.left_spin.store(true, Ordering::SeqCst);
+        let quiet = l.own.kick_me();
+        if !self.app_left.load(Ordering::SeqCst) {
+            // It polled meanwhile: its polls take what comes.
+            self.left_spin.store(false, Ordering::SeqCst);
+            l.own.polling_again();
+            return true;
+        }
+        quiet
+    }
+
+    /// See [`Inner::app_spinning`].
+    fn left_but_posting(&self, now: Instant) -> bool {
+        let posted = self.last_app_post.load(Ordering::Relaxed);
+        self.local.is_some()
+            && !self.udp_in_use_at(now)
+            && !self.mcast_on.load(Ordering::Acquire)
+            && posted != 0
+            && now.as_nanos().saturating_sub(posted) < APP_POLL_GRACE.as_nanos() as u64
+    }
+
     /// The application is about to sleep (it armed a CQ): the progress
     /// thread takes the socket back at once.
     pub(crate) fn hand_off(&self) {
@@ -1601,8 +1640,19 @@ impl Inner {
     }
 
     /// Whether an application polled within the grace period.
+    /// One whose last poll may have been its last (`app_left`) is taken to
+    /// poll on while it posted within [`APP_POLL_GRACE`], on a device whose
+    /// traffic all goes through inboxes: in a ping-pong it comes back at
+    /// once (ib_write_lat's spins on memory for its peer's WRITE, then posts
+    /// and polls). Its inbox asks for kicks meanwhile (`Inbox::kick_me`), so
+    /// what comes before it is back still wakes this thread. Taking such an
+    /// application for gone sent this thread to sleep on its inbox, and the
+    /// next datagram of the ping-pong kicked it: in the TCG guest most of
+    /// `ib_write_lat`'s progress-thread wakes, each 100-300 µs of a CPU an
+    /// application spins on. UDP (which the thread watches only while the
+    /// application is gone) and multicast keep the rule strict.
     fn app_spinning(&self, now: Instant) -> Option<Instant> {
-        if self.app_left.load(Ordering::SeqCst) {
+        if self.app_left.load(Ordering::SeqCst) && !self.left_but_posting(now) {
             return None;
         }
         let polled = self.last_app_poll.load(Ordering::SeqCst);
@@ -1935,7 +1985,21 @@ impl Inner {
                 // A hand-off between the check above and the flag's store
                 // saw no flag and sent no wake: check again after it.
                 let mut woken = false;
-                if self.app_spinning(self.now()).is_some() && !self.stop.load(Ordering::SeqCst) {
+                // What an application that may have left leaves in its
+                // inbox is this thread's to take.
+                let mut waiting = false;
+                if self.app_spinning(self.now()).is_some()
+                    && !self.stop.load(Ordering::SeqCst)
+                    && self.app_left.load(Ordering::SeqCst)
+                    && !self.mark_left_spin()
+                {
+                    waiting = true;
+                    woken = true;
+                }
+                if !waiting
+                    && self.app_spinning(self.now()).is_some()
+                    && !self.stop.load(Ordering::SeqCst)
+                {
                     let now = self.now();
                     // UDP that the application reads itself while it
                     // polls, and multicast, are not watched here: nothing
@@ -1995,13 +2059,20 @@ impl Inner {
                     // (it reads only its inbox). Nothing else here takes
                     // the engine lock from the application.
                     woken |= is_ready(self.socket.as_raw_fd());
+                    // A wake request: among them an application that
+                    // stopped polling with a datagram already waiting
+                    // (`note_app_poll`), which this thread is to take.
+                    woken |= is_ready(self.wake_rx.as_raw_fd());
                 }
                 self.spin_sleeping.store(false, Ordering::SeqCst);
+                self.left_spin.store(false, Ordering::SeqCst);
                 if woken {
                     // The socket is read only if the wait said it is
                     // readable, or did not watch it (the application
-                    // reads it while it polls).
-                    self.progress_quiet(&mut buf, false, None, quiet.socket);
+                    // reads it while it polls). An inbox found waiting
+                    // comes with no UDP in use (`left_but_posting`): the
+                    // socket is watched, and a datagram ends the next wait.
+                    self.progress_quiet(&mut buf, false, None, quiet.socket || waiting);
                 }
                 continue;
             }
@@ -2257,6 +2328,7 @@ impl Device {
             last_app_poll: std::sync::atomic::AtomicU64::new(0),
             spin_sleeping: AtomicBool::new(false),
             app_left: AtomicBool::new(false),
+            left_spin: AtomicBool::new(false),
             wake_tx,
             wake_rx,
             deferred: Mutex::new(Vec::new()),
