@@ -1988,18 +1988,12 @@ impl Inner {
                 // What an application that may have left leaves in its
                 // inbox is this thread's to take.
                 let mut waiting = false;
-                if self.app_spinning(self.now()).is_some()
-                    && !self.stop.load(Ordering::SeqCst)
-                    && self.app_left.load(Ordering::SeqCst)
-                    && !self.mark_left_spin()
-                {
+                if self.app_spinning(self.now()).is_none() || self.stop.load(Ordering::SeqCst) {
+                    // Not polling any more: the loop serves it.
+                } else if self.app_left.load(Ordering::SeqCst) && !self.mark_left_spin() {
                     waiting = true;
                     woken = true;
-                }
-                if !waiting
-                    && self.app_spinning(self.now()).is_some()
-                    && !self.stop.load(Ordering::SeqCst)
-                {
+                } else {
                     let now = self.now();
                     // UDP that the application reads itself while it
                     // polls, and multicast, are not watched here: nothing
