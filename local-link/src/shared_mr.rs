@@ -455,6 +455,15 @@ mod tests {
         &mut b[off..off + pages * p]
     }
 
+    /// Another handle on the inbox of `f`, as a process that maps it has.
+    fn open_inbox(f: &crate::InboxFile) -> crate::Inbox {
+        crate::Inbox::open(
+            f.memfd().try_clone_to_owned().unwrap(),
+            f.eventfd().try_clone_to_owned().unwrap(),
+        )
+        .unwrap()
+    }
+
     fn segment_of(host: u64) -> Option<(u64, u64)> {
         let vmas = maps().unwrap();
         vmas.iter()
@@ -553,7 +562,7 @@ mod tests {
 
     #[test]
     fn a_producer_places_into_moved_pages_with_a_copy_and_elsewhere_as_before() {
-        use crate::{Icrc, Inbox, InboxFile, PlaceableMr, PlaceableQp, Placement};
+        use crate::{Icrc, InboxFile, PlaceableMr, PlaceableQp, Placement};
         let p = remap::page_size();
         let b = buffer(3, 0);
         let host = b.as_ptr() as u64;
@@ -563,13 +572,7 @@ mod tests {
         register_checked(mr_host, mr_len, true, false);
         let shared = shared_pages(mr_host, mr_len).expect("moved");
         let f = InboxFile::create("t", 2, 1 << 17).unwrap();
-        let open = || {
-            Inbox::open(
-                f.memfd().try_clone_to_owned().unwrap(),
-                f.eventfd().try_clone_to_owned().unwrap(),
-            )
-            .unwrap()
-        };
+        let open = || open_inbox(&f);
         let (tx, rx) = (open(), open());
         assert!(rx.publish_mr(&PlaceableMr {
             rkey: 0x77,
@@ -635,6 +638,68 @@ mod tests {
         rx.unpublish_mr(0x77);
         deregister_checked(mr_host, mr_len, false);
         assert_eq!(&b[p as usize + 8..p as usize + 16], b"shared!!");
+    }
+
+    #[test]
+    fn a_producer_warmed_up_has_the_pages_mapped_before_its_first_placement() {
+        use crate::{Icrc, InboxFile, PlaceableMr, PlaceableQp, Placement};
+        let p = remap::page_size();
+        let b = buffer(2, 7);
+        let host = b.as_ptr() as u64;
+        register_checked(host, 2 * p, true, false);
+        let shared = shared_pages(host, 2 * p).expect("moved");
+        let f = InboxFile::create("t", 2, 1 << 17).unwrap();
+        let open = || open_inbox(&f);
+        let (tx, rx) = (open(), open());
+        let mr = |ino| PlaceableMr {
+            rkey: 0x99,
+            pd: 1,
+            iova: 0x2000,
+            len: 2 * p,
+            host_addr: host,
+            shared: Some(SharedPages { ino, ..shared }),
+        };
+        assert!(rx.publish_mr(&mr(shared.ino)));
+        // Placement not offered: nothing is opened.
+        tx.warm_placement();
+        assert!(!tx.shared_mapped(shared.ino));
+        assert!(rx.offer_placement());
+        tx.warm_placement();
+        assert!(tx.shared_mapped(shared.ino));
+        // Faulting the pages in changed none of their bytes.
+        assert!(b.iter().all(|&x| x == 7));
+        // The first placement goes through that mapping.
+        let qpn = 0x1_0021;
+        rx.publish_qp(
+            qpn,
+            Some(&PlaceableQp {
+                qpn,
+                pd: 1,
+                epsn: 5,
+            }),
+        );
+        let before = crate::placed_shared();
+        let pl = Placement {
+            qpn,
+            psn: 5,
+            rkey: 0x99,
+            va: 0x2000 + p + 4,
+            data: b"warmed!!",
+        };
+        let r = tx
+            .place_and_push(1, 4791, 0, &[0u8; 40], &pl, Icrc::Unchecked)
+            .unwrap();
+        assert_eq!(r, Ok(host + p + 4));
+        assert_eq!(crate::placed_shared(), before + 1);
+        assert_eq!(&b[p as usize + 4..p as usize + 12], b"warmed!!");
+        // An entry naming another file at that fd is not mapped.
+        let other = open();
+        rx.unpublish_mr(0x99);
+        assert!(rx.publish_mr(&mr(shared.ino + 1)));
+        other.warm_placement();
+        assert!(!other.shared_mapped(shared.ino) && !other.shared_mapped(shared.ino + 1));
+        rx.unpublish_mr(0x99);
+        deregister_checked(host, 2 * p, false);
     }
 
     #[test]

@@ -392,16 +392,22 @@ impl LocalLink {
 
     /// Ready the path to and from `slot` before a conversation with it
     /// starts (a connected QP going to RTR): learn its inbox (a request to
-    /// the daemon, otherwise made by the first datagram), and fault in the
-    /// ring this process writes there and the ring `slot` writes here.
+    /// the daemon, otherwise made by the first datagram), fault in the
+    /// ring this process writes there and the ring `slot` writes here,
+    /// and, where this process places into `slot`, map the shared pages
+    /// of the MRs it has published ([`Inbox::warm_placement`]).
     pub(crate) fn warm(&self, slot: usize, now: &dyn Fn() -> Instant) {
         if slot == 0 || slot >= self.own.rings() {
             return;
         }
-        {
+        let inbox = {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = self.inbox(&mut pending, slot, now) {
-                i.warm(self.slot, true);
+            self.inbox(&mut pending, slot, now).cloned()
+        };
+        if let Some(i) = inbox {
+            i.warm(self.slot, true);
+            if self.placement && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0 {
+                i.warm_placement();
             }
         }
         self.own.warm(slot, false);
