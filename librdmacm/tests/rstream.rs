@@ -111,7 +111,10 @@ fn rstream_server_ends_when_its_client_is_killed() {
     let d = Daemon::start("rstream-kill", &format!("rxe0={a}"));
     for (i, mode) in ["a", "b", "n"].iter().enumerate() {
         let port = (7490 + i).to_string();
-        let args = ["-S", "65536", "-C", "100000", "-T", mode, "-p", &port];
+        // A million transfers of 64 KiB: no machine ends them in the
+        // 1.5 s before the kill (100,000 were, once, with -T n on the
+        // 2-CPU host).
+        let args = ["-S", "65536", "-C", "1000000", "-T", mode, "-p", &port];
         // rstream -T b/n prints a perror per transfer left: to a file,
         // not a pipe that would fill up and stop it.
         let log = scratch_dir("rstream-kill").join(format!("server-{mode}.err"));
@@ -128,6 +131,10 @@ fn rstream_server_ends_when_its_client_is_killed() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            client.try_wait().unwrap().is_none(),
+            "-T {mode}: the client ended before it was killed"
+        );
         let _ = client.kill();
         let _ = client.wait();
         let t0 = Instant::now();
