@@ -438,17 +438,20 @@ impl Inbox {
         Ok(placed)
     }
 
-    fn place_checked(&self, p: &Placement<'_>) -> Result<u64, PlaceError> {
+    /// The consumer's process ID, if it offers placement and names a
+    /// process of this PID namespace (one from another namespace names
+    /// another process here: containers that share one daemon).
+    fn owner_pid(&self) -> Option<i32> {
         let pid = self.map.u32_at(OFF_OWNER_PID).load(SeqCst);
         if pid == 0 || pid > i32::MAX as u32 {
-            return Err(PlaceError::Refused);
+            return None;
         }
-        // A process ID from another PID namespace names another process
-        // here (containers that share one daemon).
-        if pid_namespace() != Some(self.map.u64_at(OFF_OWNER_PIDNS).load(SeqCst)) {
-            return Err(PlaceError::Refused);
-        }
-        let pid = pid as i32;
+        (pid_namespace() == Some(self.map.u64_at(OFF_OWNER_PIDNS).load(SeqCst)))
+            .then_some(pid as i32)
+    }
+
+    fn place_checked(&self, p: &Placement<'_>) -> Result<u64, PlaceError> {
+        let pid = self.owner_pid().ok_or(PlaceError::Refused)?;
         let qp = self.lookup_qp(p.qpn).ok_or(PlaceError::NotNow)?;
         if qp.epsn != p.psn & 0x00ff_ffff {
             return Err(PlaceError::NotNow);
@@ -546,18 +549,12 @@ impl Inbox {
     /// the memfds of its published MRs' shared pages are mapped, and the
     /// first [`WARM_PAGES_PER_MR`] bytes of each MR are faulted in,
     /// writable (no byte changes). The first placement did all of this;
-    /// in the TCG guest it was 1.5-2 ms of `ib_write_lat`'s first
+    /// in the TCG guest it was 1.5-2.5 ms of `ib_write_lat`'s first
     /// iteration (opening `/proc/<pid>/fd/<n>` 0.8-1.3 ms, the first
     /// write's page fault 0.45 ms). MRs published later are mapped at
     /// their first placement, as before.
     pub fn warm_placement(&self) {
-        let pid = self.map.u32_at(OFF_OWNER_PID).load(SeqCst);
-        if pid == 0
-            || pid > i32::MAX as u32
-            || pid_namespace() != Some(self.map.u64_at(OFF_OWNER_PIDNS).load(SeqCst))
-        {
-            return;
-        }
+        let Some(pid) = self.owner_pid() else { return };
         let mrs: Vec<PlaceableMr> = (0..MR_ENTRIES)
             .filter_map(|i| self.mr_at(i))
             .filter(|mr| mr.shared.is_some())
@@ -565,7 +562,7 @@ impl Inbox {
         let mut maps = self.shared_maps.lock().unwrap_or_else(|p| p.into_inner());
         for mr in mrs {
             let Some(s) = mr.shared else { continue };
-            let Some(i) = self.shared_map(&mut maps, pid as i32, s) else {
+            let Some(i) = self.shared_map(&mut maps, pid, s) else {
                 continue;
             };
             let (first, end) = crate::shared_mr::whole_pages(mr.host_addr, mr.len);
