@@ -560,11 +560,13 @@ impl Ctx {
         notes.extend(cn);
 
         if s.peer.as_ref().is_some_and(|p| p.op == "rnr") {
-            // the requester must wait the RNR timer before each retry
+            // our requester must wait the RNR timer before each retry
             let pcap = std::fs::read(file("pcap")).unwrap_or_default();
             match peer::rnr_backoffs(&pcap) {
                 Ok(b) => {
-                    failures.extend(peer::check_rnr_backoffs(&b));
+                    let (f, n) = peer::judge_rnr_backoffs(&b, emu_responder);
+                    failures.extend(f);
+                    notes.extend(n);
                     if let (Some(min), Some(&(asked, _))) = (b.iter().map(|x| x.1).min(), b.first())
                     {
                         notes.push(format!(

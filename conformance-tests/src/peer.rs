@@ -391,25 +391,60 @@ pub fn rnr_backoffs(pcap: &[u8]) -> Result<Vec<(u64, u64)>, String> {
     Ok(out)
 }
 
-/// Why the RNR back-offs do not honour the timer; empty when they do.
-/// A retry may not come sooner than 90% of the timer (capture timestamps
-/// of two hosts on one bridge; kernel rxe rounds up to jiffies).
-pub fn check_rnr_backoffs(b: &[(u64, u64)]) -> Vec<String> {
+/// The RNR back-offs judged: `(failures, notes)`. Every NAK must ask for
+/// the responder's `min_rnr_timer` ([`RNR_TIMER_US`]). A retry may not come
+/// sooner than 90% of the timer (capture timestamps of two hosts on one
+/// bridge; kernel rxe rounds up to jiffies) when the requester is ours
+/// (`kernel_requester` false). Kernel rxe's requester is not judged on its
+/// timing, only reported: after an RNR NAK for the first packet of a
+/// multi-packet send, the responder (kernel rxe's as ours) also NAKs the
+/// rest as out of sequence, and kernel rxe's completer then runs its retry
+/// flow beside the RNR timer; in the 6.12 guest it once retried 6.5 ms
+/// after a 10.24 ms NAK.
+pub fn judge_rnr_backoffs(b: &[(u64, u64)], kernel_requester: bool) -> (Vec<String>, Vec<String>) {
     if b.is_empty() {
-        return vec!["no RNR NAK in the capture".into()];
+        return (vec!["no RNR NAK in the capture".into()], vec![]);
     }
-    b.iter()
+    let mut failures: Vec<String> = b
+        .iter()
+        .filter(|(asked, _)| *asked != RNR_TIMER_US * 1000)
+        .take(1)
+        .map(|(asked, _)| {
+            format!(
+                "an RNR NAK asked for {:.2} ms; the responder's min_rnr_timer is {:.2} ms",
+                *asked as f64 / 1e6,
+                RNR_TIMER_US as f64 / 1e3
+            )
+        })
+        .collect();
+    let early: Vec<(usize, u64, u64)> = b
+        .iter()
         .enumerate()
         .filter(|(_, (asked, waited))| *waited * 10 < *asked * 9)
-        .map(|(i, (asked, waited))| {
+        .map(|(i, &(asked, waited))| (i + 1, asked, waited))
+        .collect();
+    let mut notes = Vec::new();
+    if kernel_requester {
+        if let Some(&(_, asked, _)) = early.first() {
+            let shortest = early.iter().map(|e| e.2).min().unwrap_or_default();
+            notes.push(format!(
+                "kernel rxe's requester retried {} of {} RNR NAKs sooner than the {:.2} ms asked (shortest {:.2} ms; its timing is not judged)",
+                early.len(),
+                b.len(),
+                asked as f64 / 1e6,
+                shortest as f64 / 1e6
+            ));
+        }
+    } else {
+        failures.extend(early.iter().map(|(i, asked, waited)| {
             format!(
-                "RNR retry {} came {:.2} ms after the NAK; the NAK asked for {:.2} ms",
-                i + 1,
+                "RNR retry {i} came {:.2} ms after the NAK; the NAK asked for {:.2} ms",
                 *waited as f64 / 1e6,
                 *asked as f64 / 1e6
             )
-        })
-        .collect()
+        }));
+    }
+    (failures, notes)
 }
 
 /// The device totals of `rxe-emu stat DEV` (its `link DEV/1 k v k v ...`
@@ -646,10 +681,23 @@ mod tests {
     fn rnr_backoff_is_read_from_the_capture_and_judged() {
         let ok = rnr_backoffs(&rnr_capture(12)).unwrap();
         assert_eq!(ok, vec![(10_240_000, 12_000_000)]);
-        assert!(check_rnr_backoffs(&ok).is_empty());
+        for kernel_requester in [false, true] {
+            assert_eq!(judge_rnr_backoffs(&ok, kernel_requester), (vec![], vec![]));
+            assert_eq!(judge_rnr_backoffs(&[], kernel_requester).0.len(), 1);
+        }
+        // An early retry fails ours and is a note for kernel rxe's.
         let early = rnr_backoffs(&rnr_capture(2)).unwrap();
-        assert_eq!(check_rnr_backoffs(&early).len(), 1);
-        assert_eq!(check_rnr_backoffs(&[]).len(), 1);
+        let (f, n) = judge_rnr_backoffs(&early, false);
+        assert_eq!((f.len(), n.len()), (1, 0), "{f:?}");
+        assert!(f[0].contains("RNR retry 1 came 2.00 ms"), "{f:?}");
+        let (f, n) = judge_rnr_backoffs(&early, true);
+        assert_eq!((f.len(), n.len()), (0, 1), "{n:?}");
+        assert!(n[0].contains("retried 1 of 1"), "{n:?}");
+        // A NAK asking for another timer than the QP's fails either way.
+        for kernel_requester in [false, true] {
+            let (f, _) = judge_rnr_backoffs(&[(20_480_000, 21_000_000)], kernel_requester);
+            assert_eq!(f.len(), 1, "{f:?}");
+        }
     }
 
     #[test]
