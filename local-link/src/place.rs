@@ -555,17 +555,18 @@ impl Inbox {
     /// their first placement, as before.
     pub fn warm_placement(&self) {
         let Some(pid) = self.owner_pid() else { return };
-        let mrs: Vec<PlaceableMr> = (0..MR_ENTRIES)
+        // The MRs with shared pages: their whole pages' range, and where
+        // the first of those lies in which memfd.
+        let mrs: Vec<(u64, u64, crate::SharedPages)> = (0..MR_ENTRIES)
             .filter_map(|i| self.mr_at(i))
-            .filter(|mr| mr.shared.is_some())
+            .filter_map(|mr| mr.shared.map(|s| (mr.host_addr, mr.len, s)))
             .collect();
         let mut maps = self.shared_maps.lock().unwrap_or_else(|p| p.into_inner());
-        for mr in mrs {
-            let Some(s) = mr.shared else { continue };
+        for (host, len, s) in mrs {
             let Some(i) = self.shared_map(&mut maps, pid, s) else {
                 continue;
             };
-            let (first, end) = crate::shared_mr::whole_pages(mr.host_addr, mr.len);
+            let (first, end) = crate::shared_mr::whole_pages(host, len);
             let (Ok(off), Ok(len)) = (usize::try_from(s.off), usize::try_from(end - first)) else {
                 continue;
             };
