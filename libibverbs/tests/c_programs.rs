@@ -58,6 +58,11 @@ fn registered_memory_in_shared_memory_from_c() {
     run_c("shared_mr", "rxe0=127.0.95.5");
 }
 
+#[test]
+fn multi_packet_writes_into_a_process_that_watches_memory_from_c() {
+    run_c("write_placed", "rxe0=127.0.95.6");
+}
+
 fn run_c(name: &str, device: &str) {
     let dir = scratch_dir(name);
     let Some(exe) = compile_c(name, &dir) else {

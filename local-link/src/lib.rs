@@ -87,6 +87,9 @@ const OFF_LAST_POLL: usize = 320;
 /// [`Inbox::kick`]).
 pub const POLL_STALE: std::time::Duration = std::time::Duration::from_millis(1);
 const REC: usize = 8;
+/// Record flag: the datagram's payload is not in the record (its sender
+/// placed it; see [`Inbox::place_and_push`]).
+const ELIDED: u8 = 8;
 /// A producer that finds its ring empty this far into a lap starts the
 /// next lap (as at the end of the ring). A conversation of small messages
 /// then stays in the ring's first pages instead of walking its 4 MiB, each
@@ -229,6 +232,21 @@ struct Room {
     fits: bool,
 }
 
+/// Bytes of a record after its header, for a `len`-byte datagram with a
+/// placed address (or not) and its payload `elide`d (offset, length) or
+/// not; `None` if no such record can be.
+fn record_body(len: usize, placed: bool, elide: Option<(usize, usize)>) -> Option<usize> {
+    if len > MAX_DATAGRAM {
+        return None;
+    }
+    let kept = match elide {
+        None => len,
+        Some((at, n)) if at.checked_add(n).is_some_and(|end| end <= len) => 8 + len - n,
+        Some(_) => return None,
+    };
+    Some(pad8(kept) + if placed { 8 } else { 0 })
+}
+
 /// A datagram taken out of an inbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Popped {
@@ -243,6 +261,11 @@ pub struct Popped {
     /// Where the sender wrote its payload in this process's memory, if it
     /// placed it ([`Inbox::place`]).
     pub placed: Option<u64>,
+    /// The payload's bytes (offset, length in the buffer) that the record
+    /// left out because the sender placed them (`placed`): those bytes of
+    /// the caller's buffer are not written by [`Inbox::pop`]; they are
+    /// whatever the buffer held.
+    pub elided: Option<(usize, usize)>,
     /// What the sender said of its ICRC ([`Inbox::push_with`]).
     pub icrc: Icrc,
 }
@@ -385,7 +408,7 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
     ) -> Result<(), PushError> {
-        self.push_record(ring, src_port, tos, datagram, None, Icrc::Unchecked)
+        self.push_record(ring, src_port, tos, datagram, None, None, Icrc::Unchecked)
     }
 
     /// Producer: as [`Inbox::push`], saying what `icrc` says of the
@@ -398,27 +421,35 @@ impl Inbox {
         datagram: &[u8],
         icrc: Icrc,
     ) -> Result<(), PushError> {
-        self.push_record(ring, src_port, tos, datagram, None, icrc)
+        self.push_record(ring, src_port, tos, datagram, None, None, icrc)
     }
 
-    fn push_record(
+    /// Append a record of `datagram`; with `placed` the address its
+    /// payload was written at, and with `elide` (its payload's offset and
+    /// length, only with `placed`) without those bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_record(
         &self,
         ring: usize,
         src_port: u16,
         tos: u8,
         datagram: &[u8],
         placed: Option<u64>,
+        elide: Option<(usize, usize)>,
         icrc: Icrc,
     ) -> Result<(), PushError> {
         if self.is_closed() {
             return Err(PushError::Closed);
         }
+        let elide = elide.filter(|&(at, n)| {
+            placed.is_some() && icrc != Icrc::Unchecked && at + n <= datagram.len()
+        });
         let Room {
             tail,
             skip,
             need,
             fits,
-        } = self.room(ring, datagram.len(), placed.is_some())?;
+        } = self.room(ring, record_body(datagram.len(), placed.is_some(), elide))?;
         if !fits {
             return Err(PushError::Full);
         }
@@ -438,12 +469,31 @@ impl Inbox {
         hdr[..4].copy_from_slice(&(datagram.len() as u32).to_le_bytes());
         hdr[4..6].copy_from_slice(&src_port.to_le_bytes());
         hdr[6] = tos;
-        hdr[7] = u8::from(placed.is_some()) | icrc.flags();
+        hdr[7] =
+            u8::from(placed.is_some()) | icrc.flags() | if elide.is_some() { ELIDED } else { 0 };
         self.map.write(base + off, &hdr);
-        self.map.write(base + off + REC, datagram);
+        // What the record carries of the datagram: all of it, or (elided)
+        // a word with the payload's offset and length, the bytes before
+        // it and the bytes after it (the ICRC).
+        let kept = match elide {
+            None => {
+                self.map.write(base + off + REC, datagram);
+                datagram.len()
+            }
+            Some((at, n)) => {
+                let mut w = [0u8; 8];
+                w[..4].copy_from_slice(&(at as u32).to_le_bytes());
+                w[4..].copy_from_slice(&(n as u32).to_le_bytes());
+                self.map.write(base + off + REC, &w);
+                self.map.write(base + off + REC + 8, &datagram[..at]);
+                self.map
+                    .write(base + off + REC + 8 + at, &datagram[at + n..]);
+                8 + datagram.len() - n
+            }
+        };
         if let Some(at) = placed {
             self.map
-                .write(base + off + REC + pad8(datagram.len()), &at.to_le_bytes());
+                .write(base + off + REC + pad8(kept), &at.to_le_bytes());
         }
         // Release publishes the record. The store-load order that kicks
         // need (this tail before the consumer's sleep word is read) is
@@ -461,13 +511,13 @@ impl Inbox {
     /// Producer: where a record of a `len`-byte datagram (with a placed
     /// address, or not) would go in ring `ring`, and whether it fits now
     /// (the consumer only ever makes more room).
-    fn room(&self, ring: usize, len: usize, placed: bool) -> Result<Room, PushError> {
-        if ring >= self.layout.rings || len > MAX_DATAGRAM {
+    fn room(&self, ring: usize, body: Option<usize>) -> Result<Room, PushError> {
+        let Some(body) = body.filter(|_| ring < self.layout.rings) else {
             return Err(PushError::Invalid);
-        }
+        };
         let size = self.layout.ring_size as u64;
         let tail = self.tail(ring).load(Relaxed);
-        let need = (REC + pad8(len) + if placed { 8 } else { 0 }) as u64;
+        let need = (REC + body) as u64;
         let off = tail % size;
         let room = |head: u64| {
             let skip = if off + need > size || (head == tail && off >= EARLY_WRAP && need <= off) {
@@ -509,7 +559,7 @@ impl Inbox {
     /// Producer: whether a record of a `len`-byte datagram with a placed
     /// address fits in ring `ring` now.
     pub(crate) fn has_room_placed(&self, ring: usize, len: usize) -> Result<bool, PushError> {
-        Ok(self.room(ring, len, true)?.fits)
+        Ok(self.room(ring, record_body(len, true, None))?.fits)
     }
 
     /// Producer: wake the consumer if it sleeps, or if its application
@@ -633,18 +683,43 @@ impl Inbox {
             let len = len as usize;
             let placed = hdr[7] & 1 != 0;
             let icrc = Icrc::from_flags(hdr[7]);
-            let need = (REC + pad8(len) + if placed { 8 } else { 0 }) as u64;
-            if len > MAX_DATAGRAM
-                || len > buf.len()
-                || off as u64 + need > size
-                || head + need > tail
-            {
+            let body = off + REC;
+            // An elided record: the payload's offset and length first.
+            let elided = if hdr[7] & ELIDED != 0 {
+                if body + 8 > size as usize || head + (REC + 8) as u64 > tail {
+                    return self.discard(ring, tail);
+                }
+                let mut w = [0u8; 8];
+                self.map.read(base + body, &mut w);
+                let at = u32::from_le_bytes(w[..4].try_into().expect("4 bytes")) as usize;
+                let n = u32::from_le_bytes(w[4..].try_into().expect("4 bytes")) as usize;
+                Some((at, n))
+            } else {
+                None
+            };
+            let need = record_body(len, placed, elided).map(|b| (REC + b) as u64);
+            let Some(need) = need.filter(|&need| {
+                len <= buf.len()
+                    && off as u64 + need <= size
+                    && head + need <= tail
+                    && (elided.is_none() || (placed && icrc != Icrc::Unchecked))
+            }) else {
                 return self.discard(ring, tail);
-            }
-            self.map.read(base + off + REC, &mut buf[..len]);
+            };
+            let kept = match elided {
+                None => {
+                    self.map.read(base + body, &mut buf[..len]);
+                    len
+                }
+                Some((at, n)) => {
+                    self.map.read(base + body + 8, &mut buf[..at]);
+                    self.map.read(base + body + 8 + at, &mut buf[at + n..len]);
+                    8 + len - n
+                }
+            };
             let placed = placed.then(|| {
                 let mut a = [0u8; 8];
-                self.map.read(base + off + REC + pad8(len), &mut a);
+                self.map.read(base + body + pad8(kept), &mut a);
                 u64::from_le_bytes(a)
             });
             let src_port = u16::from_le_bytes([hdr[4], hdr[5]]);
@@ -659,6 +734,7 @@ impl Inbox {
                 tos: hdr[6],
                 len,
                 placed,
+                elided,
                 icrc,
             });
         }

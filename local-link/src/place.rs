@@ -77,6 +77,10 @@ pub(crate) const MR_ENTRIES: usize = 512;
 /// QP entries in an inbox (a power of two).
 pub(crate) const QP_ENTRIES: usize = 1024;
 const MR_ENTRY: usize = 64;
+/// A QP entry's state word: ready for a new WRITE message at its PSN, or
+/// in the middle of one (0: neither, nothing placeable).
+const QP_READY: u32 = 1;
+const QP_MID_WRITE: u32 = 2;
 const QP_ENTRY: usize = 32;
 /// Bytes of both tables.
 pub(crate) const TABLES_LEN: usize = MR_ENTRIES * MR_ENTRY + QP_ENTRIES * QP_ENTRY;
@@ -122,16 +126,34 @@ pub struct PlaceableQp {
     pub pd: u32,
     /// The PSN it expects next (24 bits).
     pub epsn: u32,
+    /// False: it would execute a WRITE ONLY or FIRST at `epsn` now (no
+    /// message in progress). True: it is in the middle of an RDMA WRITE
+    /// message (published after that message's FIRST packet), which it
+    /// would go on executing.
+    pub mid_write: bool,
 }
 
-/// A WRITE ONLY packet a sender would like to place.
-#[derive(Debug, Clone, Copy)]
+/// A packet of an RDMA WRITE a sender would like to place: a WRITE ONLY
+/// or FIRST (the responder must be ready for a new message at `psn`), or
+/// a MIDDLE or LAST of a message whose FIRST it placed (`first_psn`).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Placement<'a> {
     pub qpn: u32,
     pub psn: u32,
     pub rkey: u32,
+    /// Where `data` goes (RETH VA, or the address the message has reached).
     pub va: u64,
     pub data: &'a [u8],
+    /// The bytes from `va` the message may write (RETH DMA length, for a
+    /// FIRST or ONLY; at least `data`'s length): all must lie in the MR.
+    pub span: u64,
+    /// A MIDDLE or LAST: the PSN of its message's FIRST, which was placed.
+    /// The responder must then be in that message (or about to begin it).
+    pub first_psn: Option<u32>,
+    /// Leave the payload (its offset and length in the datagram) out of
+    /// the record if it was placed: the consumer's engine then finds it
+    /// where it was placed, and its bytes of the buffer are not written.
+    pub elide: Option<(usize, usize)>,
 }
 
 /// Why a packet was not placed.
@@ -280,7 +302,8 @@ impl Inbox {
                 self.entry_write_end(off);
             }
             Some(q) => {
-                if cur_ok != 0
+                let state = if q.mid_write { QP_MID_WRITE } else { QP_READY };
+                if cur_ok == state
                     && cur_qpn == q.qpn
                     && m.u32_at(off + 12).load(Relaxed) == q.pd
                     && m.u32_at(off + 16).load(Relaxed) == q.epsn
@@ -291,7 +314,7 @@ impl Inbox {
                 m.u32_at(off + 8).store(q.qpn, Relaxed);
                 m.u32_at(off + 12).store(q.pd, Relaxed);
                 m.u32_at(off + 16).store(q.epsn, Relaxed);
-                m.u32_at(off + 20).store(1, Relaxed);
+                m.u32_at(off + 20).store(state, Relaxed);
                 self.entry_write_end(off);
             }
         }
@@ -365,10 +388,13 @@ impl Inbox {
                     qpn: m.u32_at(off + 8).load(Relaxed),
                     pd: m.u32_at(off + 12).load(Relaxed),
                     epsn: m.u32_at(off + 16).load(Relaxed),
+                    mid_write: false,
                 },
             )
         })?;
-        (e.0 != 0 && e.1.qpn == qpn).then_some(e.1)
+        let (state, mut qp) = e;
+        qp.mid_write = state == QP_MID_WRITE;
+        (matches!(state, QP_READY | QP_MID_WRITE) && qp.qpn == qpn).then_some(qp)
     }
 
     /// Consumer, letting go of its inbox (or of placement): producers
@@ -399,6 +425,8 @@ impl Inbox {
         p: &Placement<'_>,
         icrc: crate::Icrc,
     ) -> Result<Result<u64, PlaceError>, PushError> {
+        // Room for the whole record, which is what goes when the payload
+        // is not placed after all.
         if !self.has_room_placed(ring, datagram.len())? {
             return Err(PushError::Full);
         }
@@ -425,12 +453,14 @@ impl Inbox {
         placing.store(before | 1, SeqCst);
         fence(SeqCst);
         let placed = self.place_checked(p);
+        let at = placed.as_ref().ok().copied();
         let pushed = self.push_record(
             ring,
             src_port,
             tos,
             datagram,
-            placed.as_ref().ok().copied(),
+            at,
+            p.elide.filter(|_| at.is_some()),
             icrc,
         );
         placing.store((before | 1).wrapping_add(1), SeqCst);
@@ -453,11 +483,28 @@ impl Inbox {
     fn place_checked(&self, p: &Placement<'_>) -> Result<u64, PlaceError> {
         let pid = self.owner_pid().ok_or(PlaceError::Refused)?;
         let qp = self.lookup_qp(p.qpn).ok_or(PlaceError::NotNow)?;
-        if qp.epsn != p.psn & 0x00ff_ffff {
+        const PSN_MASK: u32 = 0x00ff_ffff;
+        let in_step = match p.first_psn {
+            // A new message: its responder ready for it at this PSN.
+            None => !qp.mid_write && qp.epsn == p.psn & PSN_MASK,
+            // Its message goes on: the responder has not taken the FIRST
+            // yet, or is in that message at a PSN from FIRST + 1 to this
+            // one (it is published again only after a FIRST or a LAST).
+            Some(first) => {
+                let behind = p.psn.wrapping_sub(qp.epsn) & PSN_MASK;
+                let since = p.psn.wrapping_sub(first) & PSN_MASK;
+                if qp.mid_write {
+                    behind < since
+                } else {
+                    qp.epsn == first & PSN_MASK
+                }
+            }
+        };
+        if !in_step {
             return Err(PlaceError::NotNow);
         }
         let mr = self.lookup_mr(p.rkey).ok_or(PlaceError::NotNow)?;
-        let len = p.data.len() as u64;
+        let len = (p.data.len() as u64).max(p.span);
         let inside =
             mr.pd == qp.pd && p.va >= mr.iova && len <= mr.len && p.va - mr.iova <= mr.len - len;
         if !inside || p.data.is_empty() {
@@ -466,6 +513,12 @@ impl Inbox {
         let host = mr.host_addr.wrapping_add(p.va - mr.iova);
         if let Some(done) = self.write_shared(pid, &mr, host, p.data) {
             return done;
+        }
+        if p.first_psn.is_some() || len > p.data.len() as u64 {
+            // A message of several packets is placed only with a memory
+            // copy: a system call for each packet would cost the sender
+            // more than the copies it saves the consumer.
+            return Err(PlaceError::NotNow);
         }
         match self.write_owner(pid, host, p.data) {
             Ok(n) if n == p.data.len() => Ok(host),

@@ -590,6 +590,7 @@ mod tests {
                     qpn,
                     pd: 1,
                     epsn: psn,
+                    mid_write: false,
                 }),
             );
             let pl = Placement {
@@ -598,6 +599,7 @@ mod tests {
                 rkey: 0x77,
                 va,
                 data,
+                ..Default::default()
             };
             let r = tx
                 .place_and_push(1, 4791, 0, &[0u8; 40], &pl, Icrc::Unchecked)
@@ -640,6 +642,136 @@ mod tests {
         assert_eq!(&b[p as usize + 8..p as usize + 16], b"shared!!");
     }
 
+    /// The packets of a multi-packet WRITE: its FIRST is placed only if
+    /// the responder is ready for a new message at its PSN and the whole
+    /// message fits in the MR, and the rest only while the responder has
+    /// not taken the FIRST yet or is in that message; only into shared
+    /// pages. A placed payload is left out of its record when asked.
+    #[test]
+    fn the_packets_of_a_message_are_placed_while_its_responder_is_in_it() {
+        use crate::{Icrc, InboxFile, PlaceError, PlaceableMr, PlaceableQp, Placement};
+        let p = remap::page_size();
+        let b = buffer(3, 0);
+        let host = b.as_ptr() as u64;
+        // Its first 16 bytes in a partial page, the rest a whole page.
+        let (mr_host, mr_len) = (host + p - 16, p + 16);
+        register_checked(mr_host, mr_len, true, false);
+        let shared = shared_pages(mr_host, mr_len).expect("moved");
+        let f = InboxFile::create("t", 2, 1 << 17).unwrap();
+        let (tx, rx) = (open_inbox(&f), open_inbox(&f));
+        assert!(rx.offer_placement());
+        let iova = 0x4000u64;
+        assert!(rx.publish_mr(&PlaceableMr {
+            rkey: 0x55,
+            pd: 1,
+            iova,
+            len: mr_len,
+            host_addr: mr_host,
+            shared: Some(shared),
+        }));
+        let qpn = 0x1_0031;
+        let qp = |epsn: u32, mid_write: bool| {
+            rx.publish_qp(
+                qpn,
+                Some(&PlaceableQp {
+                    qpn,
+                    pd: 1,
+                    epsn,
+                    mid_write,
+                }),
+            )
+        };
+        // A datagram of an 8-byte header, the payload and a 4-byte ICRC;
+        // the payload is left out of the record if it is placed.
+        let mut buf = vec![0u8; crate::MAX_DATAGRAM];
+        let mut place = |pl: Placement<'_>| {
+            let mut dg = vec![0xa1u8; 8];
+            dg.extend_from_slice(pl.data);
+            dg.extend_from_slice(&[0xc2; 4]);
+            let pl = Placement {
+                elide: Some((8, pl.data.len())),
+                ..pl
+            };
+            let r = tx
+                .place_and_push(1, 4791, 0, &dg, &pl, Icrc::Right)
+                .unwrap();
+            buf.fill(0xee);
+            let got = rx.pop(&mut buf).unwrap();
+            assert_eq!(got.placed, r.ok());
+            assert_eq!(got.len, dg.len());
+            assert_eq!(&buf[..8], &dg[..8]);
+            assert_eq!(&buf[dg.len() - 4..dg.len()], &dg[dg.len() - 4..]);
+            if r.is_ok() {
+                assert_eq!(got.elided, Some((8, pl.data.len())));
+                assert!(buf[8..dg.len() - 4].iter().all(|&x| x == 0xee));
+            } else {
+                assert_eq!((got.elided, &buf[..dg.len()]), (None, &dg[..]));
+            }
+            r
+        };
+        let whole = iova + 16;
+        let first = |psn: u32, va: u64, data, span| Placement {
+            qpn,
+            psn,
+            rkey: 0x55,
+            va,
+            data,
+            span,
+            ..Default::default()
+        };
+        let next = |psn: u32, first_psn: u32, va: u64, data| Placement {
+            first_psn: Some(first_psn),
+            ..first(psn, va, data, 0)
+        };
+        let no = Err(PlaceError::NotNow);
+        qp(10, false);
+        // The message would run past the MR's end: not even its FIRST.
+        assert_eq!(place(first(10, whole, &[1; 64], p + 1)), no);
+        // Into the partial page (a system call): not for a message.
+        assert_eq!(place(first(10, iova, &[1; 8], 64)), no);
+        assert!(b[p as usize - 16..p as usize + 64].iter().all(|&x| x == 0));
+        // FIRST, then a MIDDLE before the responder took the FIRST.
+        assert_eq!(place(first(10, whole, &[1; 64], 160)), Ok(host + p));
+        assert_eq!(place(next(11, 10, whole + 64, &[2; 64])), Ok(host + p + 64));
+        // The responder took the FIRST (published as in the message,
+        // expecting 11): the LAST goes too.
+        qp(11, true);
+        assert_eq!(
+            place(next(12, 10, whole + 128, &[3; 32])),
+            Ok(host + p + 128)
+        );
+        let at = p as usize;
+        assert!(b[at..at + 64].iter().all(|&x| x == 1));
+        assert!(b[at + 64..at + 128].iter().all(|&x| x == 2));
+        assert!(b[at + 128..at + 160].iter().all(|&x| x == 3));
+        // A responder in the message but past this PSN, one ready for a
+        // new message at another PSN than the FIRST's, one in a message at
+        // the FIRST's own PSN, and one gone: nothing placed.
+        qp(13, true);
+        assert_eq!(place(next(12, 10, whole + 128, &[4; 32])), no);
+        qp(11, false);
+        assert_eq!(place(next(12, 10, whole + 128, &[4; 32])), no);
+        qp(10, true);
+        assert_eq!(place(next(12, 10, whole + 128, &[4; 32])), no);
+        rx.publish_qp(qpn, None);
+        assert_eq!(place(next(12, 10, whole + 128, &[4; 32])), no);
+        // A new message while the responder is in one: not placed.
+        qp(20, true);
+        assert_eq!(place(first(20, whole, &[5; 64], 128)), no);
+        assert!(b[at + 128..at + 160].iter().all(|&x| x == 3));
+        assert!(b[at..at + 64].iter().all(|&x| x == 1));
+        // PSNs wrap at 24 bits.
+        qp(0xff_ffff, false);
+        assert_eq!(place(first(0xff_ffff, whole, &[6; 64], 128)), Ok(host + p));
+        qp(0, true);
+        assert_eq!(
+            place(next(0, 0xff_ffff, whole + 64, &[7; 64])),
+            Ok(host + p + 64)
+        );
+        rx.unpublish_mr(0x55);
+        deregister_checked(mr_host, mr_len, false);
+    }
+
     #[test]
     fn a_producer_warmed_up_has_the_pages_mapped_before_its_first_placement() {
         use crate::{Icrc, InboxFile, PlaceableMr, PlaceableQp, Placement};
@@ -676,6 +808,7 @@ mod tests {
                 qpn,
                 pd: 1,
                 epsn: 5,
+                mid_write: false,
             }),
         );
         let before = crate::placed_shared();
@@ -685,6 +818,7 @@ mod tests {
             rkey: 0x99,
             va: 0x2000 + p + 4,
             data: b"warmed!!",
+            ..Default::default()
         };
         let r = tx
             .place_and_push(1, 4791, 0, &[0u8; 40], &pl, Icrc::Unchecked)

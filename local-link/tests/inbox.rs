@@ -4,7 +4,7 @@ use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
-use local_link::{Inbox, InboxFile, PushError, DEFAULT_RING_SIZE, MAX_DATAGRAM};
+use local_link::{Icrc, Inbox, InboxFile, PushError, DEFAULT_RING_SIZE, MAX_DATAGRAM};
 
 const RING: usize = 128 << 10;
 
@@ -167,6 +167,61 @@ fn local_link_memfd_like() -> OwnedFd {
     f.set_len(1 << 20).unwrap();
     let _ = std::fs::remove_file(&path);
     f.into()
+}
+
+/// A record may say its datagram's payload was left out (its sender
+/// placed it): the consumer trusts no such record that does not add up.
+#[test]
+fn an_elided_record_that_does_not_add_up_is_dropped() {
+    let data = 8192 + 65536 + RING as u64; // ring 1's data
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    // The flags byte of ring 1's first record, rewritten.
+    let mut scribbled = |flags: u8, word: Option<[u8; 8]>| {
+        let f = InboxFile::create("t", 2, RING).unwrap();
+        let (tx, rx) = (open(&f), open(&f));
+        let file = std::fs::File::from(f.memfd().try_clone_to_owned().unwrap());
+        tx.push_with(1, 1, 0, &[7; 32], Icrc::Right).unwrap();
+        file.write_at(&[flags], data + 7).unwrap();
+        if let Some(w) = word {
+            file.write_at(&w, data + 8).unwrap();
+        }
+        let got = rx.pop(&mut vec![0u8; MAX_DATAGRAM]);
+        // The ring is usable again after a discard.
+        tx.push_with(1, 1, 0, &[6; 16], Icrc::Right).unwrap();
+        let next = rx.pop(&mut buf).unwrap();
+        assert_eq!(&buf[..next.len], &[6; 16]);
+        (got, rx.take_dropped())
+    };
+    let elided = 8u8;
+    let (placed, right, unchecked) = (1u8, 2u8, 0u8);
+    let word = |at: u32, n: u32| {
+        let mut w = [0u8; 8];
+        w[..4].copy_from_slice(&at.to_le_bytes());
+        w[4..].copy_from_slice(&n.to_le_bytes());
+        w
+    };
+    // Elided without a placed address.
+    assert_eq!(scribbled(elided | right, Some(word(8, 8))), (None, 1));
+    // Elided with an ICRC to be checked (the bytes are not there).
+    assert_eq!(
+        scribbled(elided | placed | unchecked, Some(word(8, 8))),
+        (None, 1)
+    );
+    // A payload past the datagram's end, or a word that is not one.
+    assert_eq!(
+        scribbled(elided | placed | right, Some(word(30, 8))),
+        (None, 1)
+    );
+    assert_eq!(scribbled(elided | placed | right, None), (None, 1));
+    // One that adds up (16 of the 32 bytes left out, so that the record's
+    // size is that of the 32 it held): taken.
+    let (got, dropped) = scribbled(elided | placed | right, Some(word(8, 16)));
+    assert_eq!(dropped, 0);
+    let got = got.unwrap();
+    assert_eq!(
+        (got.len, got.elided, got.icrc),
+        (32, Some((8, 16)), Icrc::Right)
+    );
 }
 
 #[test]

@@ -64,7 +64,15 @@ fn tables_at(rx: &Inbox, host_addr: u64, epsn: u32, pd: u32) {
         host_addr,
         shared: None,
     }));
-    rx.publish_qp(QPN, Some(&PlaceableQp { qpn: QPN, pd, epsn }));
+    rx.publish_qp(
+        QPN,
+        Some(&PlaceableQp {
+            qpn: QPN,
+            pd,
+            epsn,
+            mid_write: false,
+        }),
+    );
 }
 
 fn try_place(tx: &Inbox, rx: &Inbox, psn: u32, va: u64, data: &[u8]) -> Result<u64, PlaceError> {
@@ -75,6 +83,7 @@ fn try_place(tx: &Inbox, rx: &Inbox, psn: u32, va: u64, data: &[u8]) -> Result<u
         rkey: RKEY,
         va,
         data,
+        ..Default::default()
     };
     let r = tx
         .place_and_push(1, 4791, 0, &packet, &p, local_link::Icrc::Unchecked)
@@ -126,6 +135,7 @@ fn a_payload_is_placed_only_where_the_consumers_tables_allow_it() {
             qpn: QPN,
             pd: 2,
             epsn: 7,
+            mid_write: false,
         }),
     );
     assert_eq!(try_place(&tx, &rx, 7, IOVA, &[2; 8]), no, "another PD");
@@ -137,6 +147,7 @@ fn a_payload_is_placed_only_where_the_consumers_tables_allow_it() {
             qpn: QPN,
             pd: 1,
             epsn: 7,
+            mid_write: false,
         }),
     );
     rx.unpublish_mr(RKEY);
@@ -196,6 +207,7 @@ fn nothing_is_placed_unless_the_packet_fits_in_the_ring_after_it() {
         rkey: RKEY,
         va: IOVA,
         data: &[9; 8],
+        ..Default::default()
     };
     assert_eq!(
         tx.place_and_push(1, 1, 0, &big, &p, local_link::Icrc::Unchecked),

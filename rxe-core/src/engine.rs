@@ -1554,13 +1554,35 @@ impl<M: Memory> Engine<M> {
     /// loopback does the responder's work in the sender's context); the
     /// packet then still comes here and is checked as any other.
     pub fn write_target(&self, qpn: u32) -> Option<(PdHandle, Psn)> {
+        self.placeable_responder(qpn, |w| w.is_none_or(|w| w.resid == 0))
+    }
+
+    /// The responder of RC QP `qpn`, if it is in the middle of an RDMA
+    /// WRITE message (its FIRST taken, bytes left) that it would go on
+    /// executing: as [`Engine::write_target`] but for the WRITE in
+    /// progress. Returns its PD and the PSN it expects next. A driver
+    /// publishes this after a FIRST so that a sender on the same host that
+    /// placed that FIRST may place the rest of the message.
+    pub fn write_continuing(&self, qpn: u32) -> Option<(PdHandle, Psn)> {
+        self.placeable_responder(qpn, |w| w.is_some_and(|w| w.resid > 0))
+    }
+
+    /// RC QP `qpn`'s PD and next expected PSN, if it is in RTR or RTS,
+    /// allows remote writes, has no SEND, READ reply or held request in
+    /// progress, drops no message, and its WRITE in progress (if any)
+    /// satisfies `write`.
+    fn placeable_responder(
+        &self,
+        qpn: u32,
+        write: impl FnOnce(Option<crate::qp::ActiveWrite>) -> bool,
+    ) -> Option<(PdHandle, Psn)> {
         let q = self.qps.get(&qpn)?;
         let ready = q.qp_type == QpType::Rc
             && matches!(q.state, QpState::Rtr | QpState::Rts)
             && AccessFlags::from_bits_truncate(q.attr.qp_access_flags)
                 .contains(AccessFlags::REMOTE_WRITE)
             && q.recv.is_none()
-            && q.write.is_none_or(|w| w.resid == 0)
+            && write(q.write)
             && q.read_reply.is_none()
             && q.deferred.is_empty()
             && !q.drop_msg;

@@ -1383,6 +1383,14 @@ impl Inner {
         while let Some(p) = ll.own.pop(buf) {
             r.handled += 1;
             let tracing = self.tracing.load(Ordering::Relaxed);
+            if let (Some((at, n)), Some(from), true) = (p.elided, p.placed, tracing) {
+                // The tracer shows the packet whole: its payload, left out
+                // of the record, is where its sender placed it in our
+                // memory (zeros if that address is not readable).
+                if !HostMemory::read_checked(from, &mut buf[at..at + n]) {
+                    buf[at..at + n].fill(0);
+                }
+            }
             if p.icrc == local_link::Icrc::Unwritten && tracing {
                 // The tracer shows the packet whole: write the ICRC its
                 // sender left out, with the addresses it would have used.
@@ -1412,7 +1420,11 @@ impl Inner {
             }
             if let Some(at) = p.placed {
                 let len = wire::PacketRepr::parse(dg.payload).map_or(0, |p| p.payload.len());
-                e.mem_mut().expect_placed(at, len);
+                if p.elided.is_some() {
+                    e.mem_mut().expect_placed_elided(at, len);
+                } else {
+                    e.mem_mut().expect_placed(at, len);
+                }
             }
             if p.icrc == local_link::Icrc::Unchecked {
                 e.handle_datagram(now, &dg);
@@ -1838,6 +1850,9 @@ impl Inner {
                 let on = rest == Some("on");
                 *self.trace_tag.lock().unwrap_or_else(|p| p.into_inner()) = tag.to_string();
                 self.tracing.store(on, Ordering::SeqCst);
+                if let Some(ll) = &self.local {
+                    ll.set_tracing(on);
+                }
                 self.lock().set_tracing(on);
                 return;
             }

@@ -31,6 +31,9 @@ pub struct HostMemory {
     /// (address, length): a sender on this host placed it there
     /// (`local_link::Inbox::place`).
     placed: Option<(u64, usize)>,
+    /// The packet's payload did not come with it (the inbox record left
+    /// it out, as it was placed): the engine's buffer holds no such bytes.
+    elided: bool,
 }
 
 impl HostMemory {
@@ -52,10 +55,29 @@ impl HostMemory {
         self.placed = Some((addr, len));
     }
 
+    /// As [`HostMemory::expect_placed`], for a packet whose payload was
+    /// left out of its record: until [`HostMemory::end_placed`], any write
+    /// but that of the placed bytes fails (a memory fault: the engine
+    /// answers it as it answers a page it cannot write), so that bytes
+    /// the packet does not carry never land anywhere.
+    pub fn expect_placed_elided(&mut self, addr: u64, len: usize) {
+        self.placed = Some((addr, len));
+        self.elided = true;
+    }
+
     /// The packet was handled: returns whether its placed payload was the
     /// engine's write (it was checked and accepted where it lies).
     pub fn end_placed(&mut self) -> bool {
+        self.elided = false;
         self.placed.take().is_none()
+    }
+
+    /// Copy `len` bytes of this process's memory at `addr` into `out`, a
+    /// page at a time through the kernel: an address a peer named (a
+    /// placed payload, read back for a tracer) that is not mapped gives
+    /// an error instead of a fault.
+    pub fn read_checked(addr: u64, out: &mut [u8]) -> bool {
+        out.is_empty() || Self::copy_checked(addr, out.as_mut_ptr(), out.len(), false).is_ok()
     }
 
     /// Whether `[addr, addr + len)` touches an on-demand-paging range.
@@ -130,6 +152,12 @@ impl Memory for HostMemory {
         if self.placed == Some((addr, data.len())) {
             self.placed = None;
             return Ok(());
+        }
+        if self.elided {
+            return Err(MemoryFault {
+                addr,
+                len: data.len(),
+            });
         }
         if self.is_odp(addr, data.len()) {
             return Self::copy_checked(addr, data.as_ptr() as *mut u8, data.len(), true);

@@ -99,6 +99,18 @@ fn dest_qpn(payload: &[u8]) -> Option<u32> {
         .map(|b| b.dest_qpn())
 }
 
+/// A multi-packet RDMA WRITE being placed into a peer: its FIRST was.
+#[derive(Debug, Clone, Copy)]
+struct PlacedWrite {
+    first_psn: u32,
+    /// The PSN of the packet to place next, and where its payload goes.
+    next_psn: u32,
+    next_va: u64,
+    /// The end of the message's range (RETH VA + DMA length).
+    end_va: u64,
+    rkey: u32,
+}
+
 pub(crate) struct LocalLink {
     /// This process's inbox (it consumes it; it also produces into its
     /// own ring of it for its own QPs).
@@ -125,6 +137,13 @@ pub(crate) struct LocalLink {
     no_place: AtomicU64,
     /// WRITE payloads placed into peers: `rxe-emu stat`'s `placed_writes`.
     placed: AtomicU64,
+    /// Multi-packet RDMA WRITEs whose FIRST was placed, by the peer's slot
+    /// and QP: where the next packet's payload goes.
+    writes: Mutex<FxHashMap<(usize, u32), PlacedWrite>>,
+    /// This process traces its packets (`TRACE`): a placed payload is kept
+    /// in its record all the same, so that the peer's tracer (every
+    /// process of a device traces) shows the bytes that were sent.
+    tracing: AtomicBool,
     /// The engine's [`Engine::qp_errors`] when this process's responders
     /// were last published all together.
     qp_errors_seen: AtomicU64,
@@ -178,6 +197,8 @@ impl LocalLink {
             placement,
             no_place: AtomicU64::new(0),
             placed: AtomicU64::new(0),
+            writes: Mutex::new(FxHashMap::default()),
+            tracing: AtomicBool::new(false),
             qp_errors_seen: AtomicU64::new(0),
         }
     }
@@ -235,11 +256,15 @@ impl LocalLink {
         if !self.placement || (qpn >> 16) as usize != self.slot {
             return;
         }
-        let view = e.write_target(qpn).map(|(pd, epsn)| PlaceableQp {
-            qpn,
-            pd: pd.0,
-            epsn: epsn.value(),
-        });
+        let ready = e.write_target(qpn).map(|t| (t, false));
+        let view = ready
+            .or_else(|| e.write_continuing(qpn).map(|t| (t, true)))
+            .map(|((pd, epsn), mid_write)| PlaceableQp {
+                qpn,
+                pd: pd.0,
+                epsn: epsn.value(),
+                mid_write,
+            });
         self.own.publish_qp(qpn, view.as_ref());
     }
 
@@ -282,8 +307,12 @@ impl LocalLink {
     }
 
     /// Push `t` into `inbox` of slot `slot`, placing its payload first if
-    /// it is a WRITE ONLY's first transmission that the peer's tables
-    /// accept (`place`: nothing in the way, such as fault injection).
+    /// it is the first transmission of an RDMA WRITE packet that the
+    /// peer's tables accept (`place`: nothing in the way, such as fault
+    /// injection): a WRITE ONLY, or the FIRST, MIDDLE and LAST packets of a
+    /// message into an MR whose pages are in shared memory. A placed
+    /// payload is left out of the record when the packet needs no ICRC
+    /// check (`intact`).
     fn push(
         &self,
         inbox: &Inbox,
@@ -292,6 +321,7 @@ impl LocalLink {
         place: bool,
         intact: bool,
     ) -> Result<(), PushError> {
+        use wire::Opcode;
         let tos = t.ecn.tos(t.dscp);
         // Vouched for: its ICRC need not even be written (the consumer
         // writes it if it looks at the bytes). Otherwise it is checked.
@@ -303,34 +333,119 @@ impl LocalLink {
                 Icrc::Unchecked
             }
         };
-        let write = place
-            && self.placement
-            && t.fresh
-            && t.payload.first() == Some(&wire::Opcode::RC_RDMA_WRITE_ONLY.0)
-            && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0;
-        let parsed = write
-            .then(|| wire::PacketRepr::parse(&t.payload).ok())
-            .flatten();
-        let Some((pkt, reth)) = parsed.and_then(|p| p.reth.map(|r| (p, r))) else {
+        let op = t.payload.first().map(|&b| Opcode(b));
+        let write = matches!(
+            op,
+            Some(
+                Opcode::RC_RDMA_WRITE_ONLY
+                    | Opcode::RC_RDMA_WRITE_FIRST
+                    | Opcode::RC_RDMA_WRITE_MIDDLE
+                    | Opcode::RC_RDMA_WRITE_LAST
+            )
+        ) && self.placement;
+        if !write {
+            return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
+        }
+        let parsed = wire::PacketRepr::parse(&t.payload).ok();
+        let placeable =
+            place && t.fresh && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0;
+        let Some(pkt) = parsed.filter(|_| placeable) else {
+            if let Some(qpn) = dest_qpn(&t.payload) {
+                self.end_write(slot, qpn);
+            }
             return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
         };
-        let p = Placement {
-            qpn: pkt.bth.dest_qpn,
-            psn: pkt.bth.psn.value(),
-            rkey: reth.rkey,
-            va: reth.va,
-            data: pkt.payload,
+        let qpn = pkt.bth.dest_qpn;
+        let psn = pkt.bth.psn.value();
+        let len = pkt.payload.len() as u64;
+        let whole = self.tracing.load(Ordering::Relaxed);
+        let elide = (icrc != Icrc::Unchecked && !whole).then(|| {
+            let at = pkt.payload.as_ptr() as usize - t.payload.as_ptr() as usize;
+            (at, pkt.payload.len())
+        });
+        let first = op == Some(Opcode::RC_RDMA_WRITE_FIRST);
+        let going = || self.write_of(slot, qpn);
+        let p = match (pkt.reth, pkt.reth.is_none().then(going).flatten()) {
+            (Some(reth), _) => Placement {
+                qpn,
+                psn,
+                rkey: reth.rkey,
+                va: reth.va,
+                data: pkt.payload,
+                span: u64::from(reth.dma_len),
+                first_psn: None,
+                elide,
+            },
+            (None, Some(w)) if w.next_psn == psn && w.end_va.saturating_sub(w.next_va) >= len => {
+                Placement {
+                    qpn,
+                    psn,
+                    rkey: w.rkey,
+                    va: w.next_va,
+                    data: pkt.payload,
+                    span: len,
+                    first_psn: Some(w.first_psn),
+                    elide,
+                }
+            }
+            _ => {
+                self.end_write(slot, qpn);
+                return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
+            }
         };
+        let (va, rkey, span, first_psn) = (p.va, p.rkey, p.span, p.first_psn);
         match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p, icrc)? {
             Ok(_) => {
                 self.placed.fetch_add(1, Ordering::Relaxed);
+                let mut w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+                if first {
+                    w.insert(
+                        (slot, qpn),
+                        PlacedWrite {
+                            first_psn: psn,
+                            next_psn: (psn + 1) & 0x00ff_ffff,
+                            next_va: va + len,
+                            end_va: va.saturating_add(span),
+                            rkey,
+                        },
+                    );
+                } else if op == Some(Opcode::RC_RDMA_WRITE_MIDDLE) {
+                    if let Some(cur) = w.get_mut(&(slot, qpn)) {
+                        cur.next_psn = (psn + 1) & 0x00ff_ffff;
+                        cur.next_va += len;
+                    }
+                } else if first_psn.is_some() {
+                    w.remove(&(slot, qpn));
+                }
             }
-            Err(PlaceError::Refused) => {
-                self.no_place.fetch_or(1 << slot, Ordering::Relaxed);
+            Err(e) => {
+                self.end_write(slot, qpn);
+                if e == PlaceError::Refused {
+                    self.no_place.fetch_or(1 << slot, Ordering::Relaxed);
+                }
             }
-            Err(PlaceError::NotNow | PlaceError::Fault) => {}
         }
         Ok(())
+    }
+
+    /// The device's tracer was turned on or off.
+    pub(crate) fn set_tracing(&self, on: bool) {
+        self.tracing.store(on, Ordering::Relaxed);
+    }
+
+    /// The multi-packet WRITE being placed into QP `qpn` of slot `slot`.
+    fn write_of(&self, slot: usize, qpn: u32) -> Option<PlacedWrite> {
+        let w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        w.get(&(slot, qpn)).copied()
+    }
+
+    /// A packet of the WRITE to QP `qpn` of slot `slot` went unplaced: so
+    /// do the rest of that message.
+    fn end_write(&self, slot: usize, qpn: u32) {
+        let mut w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        if !w.is_empty() {
+            w.remove(&(slot, qpn));
+        }
     }
 
     /// Kicks so far that woke a sleeping thread (`inbox_kicks`).

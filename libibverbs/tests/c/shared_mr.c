@@ -17,7 +17,6 @@
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -41,39 +40,6 @@ static int in_memfd(const void *p)
 	return r;
 }
 
-/* Spin on memory (no library call) until `len` bytes at `p` equal `want`;
- * 10 s at most. */
-static int arrives(volatile const char *p, const char *want, size_t len)
-{
-	struct timespec t0, t;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (;;) {
-		size_t i = 0;
-		while (i < len && p[i] == want[i])
-			i++;
-		if (i == len)
-			return 1;
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		if (t.tv_sec - t0.tv_sec > 10)
-			return 0;
-	}
-}
-
-struct info {
-	uint32_t qpn, rkey;
-	uint64_t addr;
-};
-
-static void put(int fd, const void *p, size_t n)
-{
-	CHECK(write(fd, p, n) == (ssize_t)n, "pipe write");
-}
-
-static void get(int fd, void *p, size_t n)
-{
-	CHECK(read(fd, p, n) == (ssize_t)n, "pipe read");
-}
-
 static void *blocked(void *arg)
 {
 	char c;
@@ -88,33 +54,15 @@ static const char second[64] = "and again after B forked a child ...............
 int main(void)
 {
 	long pg = sysconf(_SC_PAGESIZE);
-	int a2b[2], b2a[2];
-	CHECK(pipe(a2b) == 0 && pipe(b2a) == 0, "pipe");
-	pid_t b_pid = fork();
-	CHECK(b_pid >= 0, "fork");
-	int is_b = b_pid == 0;
-	int in = is_b ? a2b[0] : b2a[0], out = is_b ? b2a[1] : a2b[1];
-	/* Each side's read ends when the other exits. */
-	close(is_b ? a2b[1] : b2a[1]);
-	close(is_b ? b2a[0] : a2b[0]);
-
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	CHECK(list && list[0], "no device");
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	CHECK(ctx, "open_device");
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	CHECK(pd && cq, "pd, cq");
-	struct ibv_qp_init_attr ia = {.qp_type = IBV_QPT_RC,
-				      .cap = {.max_send_wr = 8, .max_recv_wr = 8,
-					      .max_send_sge = 1, .max_recv_sge = 1}};
-	ia.send_cq = ia.recv_cq = cq;
-	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-	CHECK(qp, "create_qp");
-	union ibv_gid gid;
-	EXPECT_RC(ibv_query_gid(ctx, 1, 1, &gid), 0);
+	struct side sd = two_processes();
+	int is_b = sd.is_b, in = sd.in, out = sd.out;
+	pid_t b_pid = sd.b_pid;
+	struct ibv_pd *pd = sd.pd;
+	struct ibv_cq *cq = sd.cq;
+	struct ibv_qp *qp = sd.qp;
 	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-	struct info me = {.qpn = qp->qp_num}, peer;
+	uint32_t rkey = 0;
+	uint64_t addr = 0;
 
 	char *buf = NULL;
 	struct ibv_mr *mr = NULL;
@@ -130,15 +78,11 @@ int main(void)
 		CHECK(!in_memfd(buf) && !in_memfd(buf + 3 * pg), "the partial page stayed");
 		for (long i = 0; i < 4 * pg; i++)
 			CHECK(buf[i] == 0x5a, "contents kept at %ld", i);
-		me.rkey = mr->rkey;
-		me.addr = (uintptr_t)buf + pg;
+		rkey = mr->rkey;
+		addr = (uintptr_t)buf + pg;
 	}
-	put(out, &me, sizeof(me));
-	get(in, &peer, sizeof(peer));
-	connect_qp(qp, peer.qpn, &gid);
+	struct peer_info peer = meet(&sd, rkey, addr);
 	char c = 0;
-	put(out, &c, 1);
-	get(in, &c, 1);
 
 	if (!is_b) {
 		static char src[128];

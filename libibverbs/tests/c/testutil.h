@@ -4,10 +4,13 @@
 #ifndef RXE_EMU_TEST_UTIL_H
 #define RXE_EMU_TEST_UTIL_H
 #include <errno.h>
+#include <stdint.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define CHECK(cond, ...)                                                   \
 	do {                                                               \
@@ -98,6 +101,101 @@ static inline struct ibv_wc rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_
 	wr.wr.rdma.remote_addr = raddr;
 	EXPECT_RC(ibv_post_send(qp, &wr, &bad), 0);
 	return poll1(cq);
+}
+
+/* Spin on memory (no library call) until `len` bytes at `p` equal `want`;
+ * 10 s at most. */
+static inline int arrives(const volatile void *p, const void *want, size_t len)
+{
+	const volatile unsigned char *got = p;
+	const unsigned char *w = want;
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		size_t i = 0;
+		while (i < len && got[i] == w[i])
+			i++;
+		if (i == len)
+			return 1;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (t.tv_sec - t0.tv_sec > 10)
+			return 0;
+	}
+}
+
+static inline void put(int fd, const void *p, size_t n)
+{
+	CHECK(write(fd, p, n) == (ssize_t)n, "pipe write");
+}
+
+static inline void get(int fd, void *p, size_t n)
+{
+	CHECK(read(fd, p, n) == (ssize_t)n, "pipe read");
+}
+
+/* One of two processes of the device (A, the parent, and B, its child),
+ * each with a PD, a CQ and an RC QP, and a pipe each way to the other. */
+struct side {
+	int is_b;
+	pid_t b_pid;
+	int in, out; /* from and to the other process */
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	union ibv_gid gid;
+};
+
+/* Fork B and open the device in both; returns in each process. Each side's
+ * reads end when the other exits. */
+static inline struct side two_processes(void)
+{
+	struct side s = {0};
+	int a2b[2], b2a[2];
+	CHECK(pipe(a2b) == 0 && pipe(b2a) == 0, "pipe");
+	s.b_pid = fork();
+	CHECK(s.b_pid >= 0, "fork");
+	s.is_b = s.b_pid == 0;
+	s.in = s.is_b ? a2b[0] : b2a[0];
+	s.out = s.is_b ? b2a[1] : a2b[1];
+	close(s.is_b ? a2b[1] : b2a[1]);
+	close(s.is_b ? b2a[0] : a2b[0]);
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	CHECK(list && list[0], "no device");
+	s.ctx = ibv_open_device(list[0]);
+	CHECK(s.ctx, "open_device");
+	s.pd = ibv_alloc_pd(s.ctx);
+	s.cq = ibv_create_cq(s.ctx, 16, NULL, NULL, 0);
+	CHECK(s.pd && s.cq, "pd, cq");
+	struct ibv_qp_init_attr ia = {.qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 8, .max_recv_wr = 8,
+					      .max_send_sge = 1, .max_recv_sge = 1}};
+	ia.send_cq = ia.recv_cq = s.cq;
+	s.qp = ibv_create_qp(s.pd, &ia);
+	CHECK(s.qp, "create_qp");
+	EXPECT_RC(ibv_query_gid(s.ctx, 1, 1, &s.gid), 0);
+	return s;
+}
+
+/* What each side tells the other: its QP, and an MR of it (B's). */
+struct peer_info {
+	uint32_t qpn, rkey;
+	uint64_t addr;
+};
+
+/* Tell the other side `rkey` and `addr` (0 if none), learn its, connect
+ * the QP to its QP, and wait until it has connected too. */
+static inline struct peer_info meet(const struct side *s, uint32_t rkey, uint64_t addr)
+{
+	struct peer_info me = {.qpn = s->qp->qp_num, .rkey = rkey, .addr = addr}, peer;
+	put(s->out, &me, sizeof(me));
+	get(s->in, &peer, sizeof(peer));
+	union ibv_gid gid = s->gid;
+	connect_qp(s->qp, peer.qpn, &gid);
+	char c = 0;
+	put(s->out, &c, 1);
+	get(s->in, &c, 1);
+	return peer;
 }
 
 #endif
