@@ -42,8 +42,10 @@
 //! - then the rings' data, `ring size` bytes each, page-aligned: records
 //!   of an 8-byte header (u32 length, u16 UDP source port, u8 IP TOS, u8
 //!   flags: bit 0 "placed", bit 1 "ICRC right as built", bit 2 "ICRC
-//!   not written yet", see [`Icrc`]) and
-//!   the datagram padded to 8 bytes, then, if placed, the u64 host address
+//!   not written yet", see [`Icrc`], bit 3 "payload left out") and
+//!   the datagram padded to 8 bytes (with the payload left out: a u32
+//!   offset and a u32 length of the payload, then the bytes before and
+//!   after it, padded), then, if placed, the u64 host address
 //!   its payload was written to; a length of `u32::MAX` means "the
 //!   rest of this lap is unused, continue at offset 0". A producer writes
 //!   one where a record does not fit before the end, and where it finds

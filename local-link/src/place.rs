@@ -10,22 +10,28 @@
 //! inbox, and a target that spins on memory has no thread to spare.
 //!
 //! So the consumer of an inbox publishes in it what a sender needs to
-//! decide, as its responder would, that a WRITE ONLY packet is to be
+//! decide, as its responder would, that an RDMA WRITE packet is to be
 //! executed now and where its bytes go:
 //! - **its MRs with remote write access** (rkey, PD, I/O address, length,
 //!   host address): [`Inbox::publish_mr`], and [`Inbox::unpublish_mr`]
 //!   before the MR is deregistered or changed;
 //! - **its RC QPs' responders** (QPN, PD, the next PSN expected, and
-//!   whether it would execute a WRITE ONLY at that PSN now: state RTR or
-//!   RTS, remote write allowed, no message or READ reply in progress):
-//!   [`Inbox::publish_qp`], after every packet for the QP and every
-//!   change of it.
+//!   whether it would execute a WRITE ONLY or FIRST at that PSN now:
+//!   state RTR or RTS, remote write allowed, no message or READ reply in
+//!   progress; or whether it is in the middle of a WRITE message, which
+//!   it would go on executing): [`Inbox::publish_qp`], after the first
+//!   and last packet of every request and every change of the QP.
 //!
-//! A sender that finds its packet acceptable by those tables writes the
-//! payload into the consumer's memory (through its `/proc/<pid>/mem` or
-//! with `process_vm_writev`, whichever is faster here: [`WayChoice`];
+//! A sender that finds its packet acceptable by those tables (a WRITE
+//! ONLY or FIRST whose whole range lies in the MR, at the PSN of a ready
+//! responder; a MIDDLE or LAST of a message whose FIRST it placed, while
+//! the responder has not passed it, and only into pages in shared
+//! memory) writes the payload into the consumer's memory (a copy into
+//! those pages, or through its `/proc/<pid>/mem` or with
+//! `process_vm_writev`, whichever is faster here: [`WayChoice`];
 //! [`Inbox::place_and_push`]) and then pushes the packet as usual, marked
-//! with the host address it wrote. The consumer's engine
+//! with the host address it wrote, and without the payload if it asks
+//! (the record says where it was left out). The consumer's engine
 //! checks and acknowledges the packet exactly as any other; only its copy
 //! of the payload is skipped when it would have written the same bytes to
 //! the same address. Anything the sender cannot decide (a memory window,
@@ -406,7 +412,7 @@ impl Inbox {
     }
 
     /// Producer (the process in slot `ring`): [`Inbox::push`] `datagram`,
-    /// an RC WRITE ONLY packet's first transmission described by `p`,
+    /// the first transmission of an RC RDMA WRITE packet described by `p`,
     /// after writing its payload into the consumer's memory if the
     /// consumer's tables say its responder would, now, write it there.
     /// Nothing is written unless the record fits in the ring, so a placed
