@@ -1546,7 +1546,7 @@ impl<M: Memory> Engine<M> {
     }
 
     /// The responder of RC QP `qpn`, if it would execute an RDMA WRITE
-    /// ONLY at its next expected PSN now, without anything before it: the
+    /// ONLY or FIRST at its next expected PSN now, without anything before it: the
     /// QP is in RTR or RTS, allows remote writes, and has no message, READ
     /// reply or held request in progress. Returns its PD and that PSN. A
     /// driver publishes this so that a sender on the same host may write

@@ -227,4 +227,23 @@ mod tests {
         m.write(addr + 16, &[5; 8]).unwrap();
         assert_eq!(&buf[16..24], &[5; 8]);
     }
+
+    #[test]
+    fn with_its_payload_left_out_a_packet_writes_nothing_but_what_was_placed() {
+        let mut buf = vec![0u8; 32];
+        let addr = buf.as_mut_ptr() as u64;
+        let mut m = HostMemory::default();
+        // Any write but the placed one fails, before or after it, and
+        // changes nothing.
+        m.expect_placed_elided(addr + 8, 8);
+        assert!(m.write(addr, &[1; 8]).is_err());
+        assert!(m.write(addr + 8, &[1; 4]).is_err());
+        m.write(addr + 8, &[2; 8]).unwrap();
+        assert!(m.write(addr + 8, &[3; 8]).is_err());
+        assert!(m.end_placed());
+        assert_eq!(buf, vec![0u8; 32]);
+        // The next packet writes as usual.
+        m.write(addr, &[4; 8]).unwrap();
+        assert_eq!(&buf[..8], &[4; 8]);
+    }
 }

@@ -135,7 +135,8 @@ pub(crate) struct LocalLink {
     /// Bit `s`: the process in slot `s` cannot be placed into (it offers
     /// no placement, or we have no ptrace rights over it).
     no_place: AtomicU64,
-    /// WRITE payloads placed into peers: `rxe-emu stat`'s `placed_writes`.
+    /// WRITE payloads (one per packet) placed into peers: `rxe-emu
+    /// stat`'s `placed_writes`.
     placed: AtomicU64,
     /// Multi-packet RDMA WRITEs whose FIRST was placed, by the peer's slot
     /// and QP: where the next packet's payload goes.
@@ -346,16 +347,34 @@ impl LocalLink {
         if !write {
             return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
         }
-        let parsed = wire::PacketRepr::parse(&t.payload).ok();
+        let Some(qpn) = dest_qpn(&t.payload) else {
+            return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
+        };
         let placeable =
             place && t.fresh && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0;
-        let Some(pkt) = parsed.filter(|_| placeable) else {
-            if let Some(qpn) = dest_qpn(&t.payload) {
+        let starts = matches!(
+            op,
+            Some(Opcode::RC_RDMA_WRITE_ONLY | Opcode::RC_RDMA_WRITE_FIRST)
+        );
+        // A MIDDLE or LAST is placed only after its message's FIRST was:
+        // without one going on, it is neither parsed nor looked at.
+        let going = if placeable && !starts {
+            self.write_of(slot, qpn)
+        } else {
+            None
+        };
+        let parsed = (placeable && (starts || going.is_some()))
+            .then(|| wire::PacketRepr::parse(&t.payload).ok())
+            .flatten();
+        let Some(pkt) = parsed else {
+            // An unplaced FIRST or ONLY ends what went on for that QP (a
+            // MIDDLE or LAST retransmitted leaves it: whatever is placed
+            // later is checked against the responder again).
+            if starts || going.is_some() {
                 self.end_write(slot, qpn);
             }
             return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
         };
-        let qpn = pkt.bth.dest_qpn;
         let psn = pkt.bth.psn.value();
         let len = pkt.payload.len() as u64;
         let whole = self.tracing.load(Ordering::Relaxed);
@@ -364,8 +383,7 @@ impl LocalLink {
             (at, pkt.payload.len())
         });
         let first = op == Some(Opcode::RC_RDMA_WRITE_FIRST);
-        let going = || self.write_of(slot, qpn);
-        let p = match (pkt.reth, pkt.reth.is_none().then(going).flatten()) {
+        let p = match (pkt.reth, going) {
             (Some(reth), _) => Placement {
                 qpn,
                 psn,
