@@ -335,6 +335,15 @@ pub struct Inbox {
     shared_maps: std::sync::Mutex<Vec<place::SharedMap>>,
 }
 
+/// [`Inbox::push_gathered`]: the bytes `at..at + len` of a datagram are
+/// at `src`.
+#[derive(Clone, Copy)]
+struct Gap {
+    at: usize,
+    src: *const u8,
+    len: usize,
+}
+
 impl Inbox {
     /// Map an inbox from the fds the daemon handed over, checking that it
     /// is one (magic, a layout that fits the file).
@@ -426,6 +435,36 @@ impl Inbox {
         self.push_record(ring, src_port, tos, datagram, None, None, icrc)
     }
 
+    /// Producer: as [`Inbox::push_with`], for a datagram whose bytes
+    /// `at..at + len` are not in `datagram` (which has its whole length)
+    /// but at `payload`: they are copied into the ring from there, one
+    /// copy where building the datagram whole and pushing it took two.
+    ///
+    /// # Safety
+    /// `payload` must be valid for reads of `len` bytes during the call.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn push_gathered(
+        &self,
+        ring: usize,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+        at: usize,
+        payload: *const u8,
+        len: usize,
+        icrc: Icrc,
+    ) -> Result<(), PushError> {
+        if at.checked_add(len).is_none_or(|end| end > datagram.len()) {
+            return Err(PushError::Invalid);
+        }
+        let gap = Gap {
+            at,
+            src: payload,
+            len,
+        };
+        self.push_from(ring, src_port, tos, datagram, None, None, icrc, Some(gap))
+    }
+
     /// Append a record of `datagram`; with `placed` the address its
     /// payload was written at, and with `elide` (its payload's offset and
     /// length, only with `placed`) without those bytes.
@@ -440,11 +479,29 @@ impl Inbox {
         elide: Option<(usize, usize)>,
         icrc: Icrc,
     ) -> Result<(), PushError> {
+        self.push_from(ring, src_port, tos, datagram, placed, elide, icrc, None)
+    }
+
+    /// [`Inbox::push_record`], the datagram's bytes in `gap` (if any)
+    /// taken from where it says ([`Inbox::push_gathered`], whose caller
+    /// vouches for them; never with `elide`).
+    #[allow(clippy::too_many_arguments)]
+    fn push_from(
+        &self,
+        ring: usize,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+        placed: Option<u64>,
+        elide: Option<(usize, usize)>,
+        icrc: Icrc,
+        gap: Option<Gap>,
+    ) -> Result<(), PushError> {
         if self.is_closed() {
             return Err(PushError::Closed);
         }
         let elide = elide.filter(|&(at, n)| {
-            placed.is_some() && icrc != Icrc::Unchecked && at + n <= datagram.len()
+            placed.is_some() && icrc != Icrc::Unchecked && at + n <= datagram.len() && gap.is_none()
         });
         let Room {
             tail,
@@ -477,12 +534,23 @@ impl Inbox {
         // What the record carries of the datagram: all of it, or (elided)
         // a word with the payload's offset and length, the bytes before
         // it and the bytes after it (the ICRC).
-        let kept = match elide {
-            None => {
+        let kept = match (elide, gap) {
+            (None, None) => {
                 self.map.write(base + off + REC, datagram);
                 datagram.len()
             }
-            Some((at, n)) => {
+            (None, Some(g)) => {
+                let body = base + off + REC;
+                self.map.write(body, &datagram[..g.at]);
+                // SAFETY: `push_gathered`'s caller vouches for `g.src`
+                // (`g.len` readable bytes); `g.at + g.len` is within the
+                // datagram's length, so the record has room for them.
+                unsafe { self.map.write_raw(body + g.at, g.src, g.len) };
+                self.map
+                    .write(body + g.at + g.len, &datagram[g.at + g.len..]);
+                datagram.len()
+            }
+            (Some((at, n)), _) => {
                 let mut w = [0u8; 8];
                 w[..4].copy_from_slice(&(at as u32).to_le_bytes());
                 w[4..].copy_from_slice(&(n as u32).to_le_bytes());

@@ -136,6 +136,17 @@ impl Mapping {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(off), src.len()) }
     }
 
+    /// Copy the `len` bytes at `src` into the mapping at `off`.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes, outside the mapping.
+    pub(crate) unsafe fn write_raw(&self, off: usize, src: *const u8, len: usize) {
+        self.check(off, len, 1);
+        // SAFETY: the destination range is inside the mapping (checked),
+        // which no Rust reference covers; the caller vouches for `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.ptr.add(off), len) }
+    }
+
     /// Copy bytes of the mapping at `off` into `dst`. Another process may
     /// be writing them: the copy then holds whatever it finds, which the
     /// caller validates like any packet from the network.

@@ -434,3 +434,38 @@ fn warming_a_ring_backs_its_first_pages_and_no_more() {
     let p = rx.pop(&mut buf).unwrap();
     assert_eq!(&buf[..p.len], &datagram(1, 100)[..]);
 }
+
+#[test]
+fn a_datagram_whose_payload_is_elsewhere_arrives_whole() {
+    let f = InboxFile::create("t", 4, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    // Around the ring's end too: records of several sizes, many laps.
+    for (i, len) in [4136usize, 300, 1100, 4136, 60]
+        .iter()
+        .cycle()
+        .take(200)
+        .enumerate()
+    {
+        let whole = datagram(i as u32, *len);
+        let (at, n) = (12.min(len - 4), len - 16.min(*len) - 4.min(*len));
+        // The datagram as its sender holds it: the gap holds other bytes.
+        let mut shell = whole.clone();
+        shell[at..at + n].fill(0xee);
+        let payload = whole[at..at + n].to_vec();
+        // SAFETY: `payload` holds `n` readable bytes for the call.
+        let r =
+            unsafe { tx.push_gathered(2, 7, 0, &shell, at, payload.as_ptr(), n, Icrc::Unwritten) };
+        assert_eq!(r, Ok(()));
+        let p = rx.pop(&mut buf).expect("a record");
+        assert_eq!((p.ring, p.src_port, p.icrc), (2, 7, Icrc::Unwritten));
+        assert_eq!(&buf[..p.len], &whole[..], "datagram {i}");
+    }
+    assert!(rx.pop(&mut buf).is_none());
+    // A gap past the datagram's end is refused, and nothing is pushed.
+    let d = datagram(1, 100);
+    // SAFETY: `d` holds 100 readable bytes.
+    let r = unsafe { tx.push_gathered(2, 7, 0, &d[..50], 40, d.as_ptr(), 20, Icrc::Unwritten) };
+    assert_eq!(r, Err(PushError::Invalid));
+    assert!(rx.pop(&mut buf).is_none());
+}

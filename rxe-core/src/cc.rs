@@ -1072,6 +1072,7 @@ pub(crate) fn notification_point<M>(
         dscp,
         fresh: false,
         icrc: true,
+        gathered: None,
     });
     count!(ctx, qp, np_cnp_sent);
 }

@@ -64,6 +64,41 @@ pub(crate) fn gather<M: Memory>(
     })
 }
 
+/// Where the `len` bytes at message offset `offset` of the local SGEs
+/// are, if they lie in one SGE: that SGE checked as [`gather`] checks it
+/// (the same errors), its host address. `None`: they span several SGEs
+/// (nothing checked; [`gather`] does it).
+pub(crate) fn one_range(
+    keys: &KeyTable,
+    pd: PdHandle,
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+) -> Result<Option<u64>, String> {
+    let mut pieces = 0;
+    let mut at = None;
+    walk(sges, offset, len, |s, off, take, _| {
+        pieces += 1;
+        if pieces == 1 && take == len {
+            at = Some((s.addr, s.lkey, off));
+        }
+        Ok(())
+    })?;
+    let Some((addr, lkey, off)) = at.filter(|_| pieces == 1) else {
+        return Ok(None);
+    };
+    let r = keys
+        .check_local(
+            pd,
+            lkey,
+            addr.wrapping_add(off),
+            len as u64,
+            AccessFlags::empty(),
+        )
+        .map_err(|e| format!("local SGE (addr {addr:#x}, lkey {lkey:#x}): {e}"))?;
+    Ok(Some(r.host_addr))
+}
+
 /// Copy `data` into the local SGEs at message offset `offset`; the MRs
 /// must grant LOCAL_WRITE.
 pub(crate) fn scatter<M: Memory>(

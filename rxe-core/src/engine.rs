@@ -190,11 +190,32 @@ pub struct Transmit {
     /// Whether its ICRC is written (always, unless the driver asked to
     /// write it itself: [`Engine::defer_icrc`]).
     pub icrc: bool,
+    /// Payload bytes not copied into `payload` yet (only when the driver
+    /// asked for that: [`Engine::defer_gather`]). Until
+    /// [`Engine::fill_gathered`] (or the driver's own copy) writes them,
+    /// `payload[at..at + len]` holds nothing of this packet.
+    pub gathered: Option<Gathered>,
+}
+
+/// [`Transmit::gathered`]: the payload bytes `at..at + len` of a packet
+/// are the `len` bytes at `addr` in the memory backend, a range of a
+/// registered MR that the engine checked (key, protection domain, bounds)
+/// and that [`Memory::direct`] said the driver may read itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gathered {
+    /// Offset of the payload in the packet.
+    pub at: usize,
+    /// Payload length.
+    pub len: usize,
+    /// Where the payload is.
+    pub addr: u64,
 }
 
 impl Transmit {
-    /// Write the ICRC if it is not written yet.
+    /// Write the ICRC if it is not written yet. The payload must be whole
+    /// (no [`Transmit::gathered`] left).
     pub fn write_icrc(&mut self) {
+        debug_assert!(self.gathered.is_none(), "ICRC over a payload not gathered");
         if !self.icrc {
             wire::icrc::write(&self.info, &mut self.payload);
             self.icrc = true;
@@ -236,6 +257,9 @@ pub(crate) struct Ctx<M> {
     /// Request packets and responses leave without their ICRC
     /// ([`Engine::defer_icrc`]).
     pub defer_icrc: bool,
+    /// Request payloads of one local range are left for the driver to
+    /// copy ([`Engine::defer_gather`]).
+    pub defer_gather: bool,
     pub notify: VecDeque<CqHandle>,
     pub counters: Counters,
     pub cfg: EngineConfig,
@@ -416,6 +440,7 @@ impl<M: Memory> Engine<M> {
                 qp_errors: 0,
                 tracing: false,
                 defer_icrc: false,
+                defer_gather: false,
                 counters: Counters::default(),
                 cfg,
             },
@@ -947,6 +972,41 @@ impl<M: Memory> Engine<M> {
     /// complete.
     pub fn defer_icrc(&mut self, on: bool) {
         self.ctx.defer_icrc = on;
+    }
+
+    /// Leave the payload of a request packet that comes from one range of
+    /// one MR to the driver, when [`Memory::direct`] allows it and the
+    /// ICRC is deferred too ([`Engine::defer_icrc`]): the packet is built
+    /// without those bytes and says where they are
+    /// ([`Transmit::gathered`]). A driver that copies most packets once
+    /// more anyway (into a shared-memory ring) then copies their payload
+    /// once, from the MR, instead of twice. Before anything else looks at
+    /// such a packet's bytes (a socket, a tracer, fault injection, its
+    /// ICRC), [`Engine::fill_gathered`] must complete it, and before the
+    /// MR may go: while the engine is borrowed, as in one flush of what
+    /// [`Engine::poll_transmit`] returns.
+    pub fn defer_gather(&mut self, on: bool) {
+        self.ctx.defer_gather = on;
+    }
+
+    /// Copy the payload [`Engine::defer_gather`] left out of `t` into it.
+    /// Nothing to do for a whole packet.
+    pub fn fill_gathered(
+        &self,
+        t: &mut Transmit,
+    ) -> std::result::Result<(), crate::mem::MemoryFault> {
+        let Some(g) = t.gathered else {
+            return Ok(());
+        };
+        let Some(dst) = t.payload.get_mut(g.at..g.at + g.len) else {
+            return Err(crate::mem::MemoryFault {
+                addr: g.addr,
+                len: g.len,
+            });
+        };
+        self.ctx.mem.read(g.addr, dst)?;
+        t.gathered = None;
+        Ok(())
     }
 
     /// Explain QP state changes from now on ([`Engine::poll_note`]), for

@@ -115,6 +115,17 @@ pub trait Memory {
             expect = seen;
         }
     }
+
+    /// Whether the driver may read the `len` bytes at `addr` itself, later,
+    /// instead of the engine copying them into a packet now
+    /// ([`crate::Engine::defer_gather`]): true only for a backend whose
+    /// addresses the driver can read directly, and only for bytes that
+    /// stay readable as long as their MR is registered. The default (and
+    /// every simulated memory): no.
+    fn direct(&self, addr: u64, len: usize) -> bool {
+        let _ = (addr, len);
+        false
+    }
 }
 
 /// A simulated address space made of separately allocated regions, for tests,
@@ -123,9 +134,19 @@ pub trait Memory {
 pub struct VecMemory {
     regions: BTreeMap<u64, Vec<u8>>,
     next: u64,
+    /// [`VecMemory::set_direct`].
+    direct: bool,
 }
 
 impl VecMemory {
+    /// Say ([`Memory::direct`]) that the bytes of its regions may be read
+    /// by the driver later, as a driver over process memory can: for
+    /// tests of [`crate::Engine::defer_gather`], whose driver then reads
+    /// them with [`crate::Engine::fill_gathered`].
+    pub fn set_direct(&mut self, on: bool) {
+        self.direct = on;
+    }
+
     /// An empty address space. Regions are placed from 0x10000 upwards with
     /// unmapped gaps between them, so an overrun faults instead of landing in
     /// the neighbour.
@@ -133,6 +154,7 @@ impl VecMemory {
         VecMemory {
             regions: BTreeMap::new(),
             next: 0x1_0000,
+            direct: false,
         }
     }
 
@@ -189,6 +211,10 @@ impl VecMemory {
 }
 
 impl Memory for VecMemory {
+    fn direct(&self, addr: u64, len: usize) -> bool {
+        self.direct && self.slice(addr, len).is_some()
+    }
+
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault> {
         let src = self.slice(addr, out.len()).ok_or(MemoryFault {
             addr,

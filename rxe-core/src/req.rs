@@ -395,9 +395,19 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
         Some(data) => {
             let o = offset as usize;
             buf.copy_from_slice(&data[o..o + buf.len()]);
-            Ok(())
+            Ok(None)
         }
-        None => dma::gather(&ctx.mem, &ctx.keys, pd, sges, u64::from(offset), buf),
+        None => {
+            let off = u64::from(offset);
+            if ctx.defer_gather {
+                // One range of one MR: checked now, copied by the driver.
+                let one = dma::one_range(&ctx.keys, pd, sges, off, buf.len())?;
+                if let Some(addr) = one.filter(|&a| tx::gathers(ctx, a, buf.len())) {
+                    return Ok(Some(addr));
+                }
+            }
+            dma::gather(&ctx.mem, &ctx.keys, pd, sges, off, buf).map(|()| None)
+        }
     });
     if res.is_ok() {
         qp.counters.sent_pkts += 1;

@@ -79,7 +79,7 @@ fn send_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, syndrome: Syndrome, psn: P
     };
     let mut h = Headers::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(syndrome, qp.msn));
-    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
+    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(None)).is_err() {
         count!(ctx, qp, send_err);
     } else {
         qp.counters.sent_pkts += 1;
@@ -93,7 +93,7 @@ fn send_atomic_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn, orig: u64
     let mut h = Headers::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(ACK, qp.msn));
     h.atomic_ack = Some(AtomicAckRepr { orig });
-    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
+    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(None)).is_err() {
         count!(ctx, qp, send_err);
     } else {
         qp.counters.sent_pkts += 1;
@@ -109,7 +109,7 @@ fn send_read_response_ack<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, psn: Psn) {
     };
     let mut h = Headers::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, qp.attr.dest_qp_num, psn);
     h.aeth = Some(aeth(ACK, qp.msn));
-    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(())).is_err() {
+    if tx::emit::<M, ()>(ctx, r, &h, 0, |_, _| Ok(None)).is_err() {
         count!(ctx, qp, send_err);
     } else {
         qp.counters.sent_pkts += 1;
@@ -175,9 +175,11 @@ pub(crate) fn continue_read<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>) -> bool {
     };
     let built = tx::emit(ctx, r, &h, chunk as usize, |ctx, buf| {
         if buf.is_empty() {
-            Ok(())
+            Ok(None)
+        } else if tx::gathers(ctx, host, buf.len()) {
+            Ok(Some(host))
         } else {
-            ctx.mem.read(host, buf)
+            ctx.mem.read(host, buf).map(|()| None)
         }
     });
     if built.is_ok() {

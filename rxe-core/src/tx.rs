@@ -14,7 +14,7 @@ use wire::reth::RethRepr;
 use wire::xrceth::XrcEthRepr;
 use wire::{Opcode, PacketRepr, Psn, ROCEV2_UDP_PORT};
 
-use crate::engine::{Ctx, Transmit};
+use crate::engine::{Ctx, Gathered, Transmit};
 
 /// Default P_Key (full membership), as kernel rxe sends.
 pub(crate) const DEFAULT_PKEY: u16 = 0xffff;
@@ -80,13 +80,15 @@ pub(crate) struct Route {
 
 /// Build a packet with `payload_len` bytes filled by `fill`, compute its ICRC
 /// and queue it. `fill` gets the payload area and may fail (a local
-/// protection error); then nothing is queued.
+/// protection error); then nothing is queued. It may instead leave the
+/// area unwritten and return where the bytes are ([`Gathered`]), which it
+/// does only under [`Ctx::defer_gather`] (see [`gathers`]).
 pub(crate) fn emit<M, E>(
     ctx: &mut Ctx<M>,
     route: Route,
     h: &Headers,
     payload_len: usize,
-    fill: impl FnOnce(&mut Ctx<M>, &mut [u8]) -> Result<(), E>,
+    fill: impl FnOnce(&mut Ctx<M>, &mut [u8]) -> Result<Option<u64>, E>,
 ) -> Result<(), EmitError<E>> {
     if payload_len > MAX_PAYLOAD {
         return Err(EmitError::Build(wire::Error::Malformed));
@@ -140,7 +142,13 @@ pub(crate) fn emit<M, E>(
     let mut buf = ctx.spare.take(repr.buffer_len());
     repr.emit_headers(&mut buf).map_err(EmitError::Build)?;
     let hl = repr.header_len();
-    fill(ctx, &mut buf[hl..hl + payload_len]).map_err(EmitError::Fill)?;
+    let gathered = fill(ctx, &mut buf[hl..hl + payload_len])
+        .map_err(EmitError::Fill)?
+        .map(|addr| Gathered {
+            at: hl,
+            len: payload_len,
+            addr,
+        });
     let info = IpUdpInfo {
         src: route.src,
         dst: route.dst,
@@ -150,6 +158,10 @@ pub(crate) fn emit<M, E>(
         ipv4_flags_frag: 0x4000,
     };
     let icrc = !ctx.defer_icrc;
+    debug_assert!(
+        gathered.is_none() || !icrc,
+        "a gathered payload needs a deferred ICRC"
+    );
     if icrc {
         wire::icrc::write(&info, &mut buf);
     }
@@ -171,9 +183,21 @@ pub(crate) fn emit<M, E>(
         dscp: 0,
         fresh: false,
         icrc,
+        gathered,
     });
     Ok(())
 }
+
+/// Whether a payload of `len` bytes at `addr` is left to the driver
+/// ([`crate::Engine::defer_gather`]): asked for, the ICRC deferred too
+/// (it covers the payload), the memory readable by the driver, and worth
+/// it (a short payload is copied at once).
+pub(crate) fn gathers<M: crate::mem::Memory>(ctx: &Ctx<M>, addr: u64, len: usize) -> bool {
+    ctx.defer_gather && ctx.defer_icrc && len >= MIN_GATHERED && ctx.mem.direct(addr, len)
+}
+
+/// Payloads shorter than this are copied into the packet at once.
+const MIN_GATHERED: usize = 256;
 
 /// Packet buffers for reuse, in two sizes so that an acknowledgement does
 /// not take (and a full packet then regrow) a buffer of a full packet.

@@ -47,12 +47,22 @@ fn mr(
 /// `garbage`, each node is first given buffers full of 0xee of both sizes,
 /// and each packet's buffer is handed back (overwritten with 0xee) once
 /// delivered. With `defer`, the nodes leave the ICRC to the driver
-/// (`Engine::defer_icrc`), which writes it before delivering.
+/// (`Engine::defer_icrc`), which writes it before delivering; with
+/// `gather` as well, payloads of one MR range (`Engine::defer_gather`),
+/// which it copies in first (`Engine::fill_gathered`). Returns the
+/// packets and how many payloads were left to the driver.
 fn traffic(garbage: bool, defer: bool) -> Vec<Vec<u8>> {
+    traffic_with(garbage, defer, false).0
+}
+
+fn traffic_with(garbage: bool, defer: bool, gather: bool) -> (Vec<Vec<u8>>, usize) {
     let (mut n, a, b) = setup();
     for node in 0..2 {
         n.node(node).defer_icrc(defer);
+        n.node(node).defer_gather(gather);
+        n.node(node).mem_mut().set_direct(gather);
     }
+    let mut gathered = 0;
     let (src, src_lkey, _) = mr(&mut n, 0, a.pd, 8192, 1);
     let (dst, dst_lkey, dst_rkey) = mr(&mut n, 1, b.pd, 8192, 100);
     if garbage {
@@ -125,6 +135,17 @@ fn traffic(garbage: bool, defer: bool) -> Vec<Vec<u8>> {
                 let mut ts = n.take_transmits(from);
                 moved |= !ts.is_empty();
                 for t in &mut ts {
+                    if let Some(g) = t.gathered {
+                        assert!(gather && g.len >= 256, "{g:?}");
+                        // Left out indeed: the buffer's old bytes (0xee,
+                        // or a new buffer's zeros), where the MR holds a
+                        // sequence of every byte value.
+                        let left = &t.payload[g.at..g.at + g.len];
+                        assert!(left.iter().all(|&b| b == 0xee || b == 0), "{g:?}");
+                        n.node(from).fill_gathered(t).unwrap();
+                        assert!(t.gathered.is_none());
+                        gathered += 1;
+                    }
                     assert_eq!(t.icrc, !defer);
                     if defer {
                         assert_eq!(t.payload[t.payload.len() - 4..], [0; 4]);
@@ -147,7 +168,7 @@ fn traffic(garbage: bool, defer: bool) -> Vec<Vec<u8>> {
             }
         }
     }
-    wire
+    (wire, gathered)
 }
 
 #[test]
@@ -175,4 +196,22 @@ fn packets_whose_icrc_the_driver_writes_are_the_same_bytes() {
             assert_eq!(w, d, "packet {i}");
         }
     }
+}
+
+#[test]
+fn packets_whose_payload_the_driver_copies_in_are_the_same_bytes() {
+    let whole = traffic(false, false);
+    for garbage in [false, true] {
+        let (gathered, left) = traffic_with(garbage, true, true);
+        // The packets of the 2500-byte WRITE, the 1500-byte SEND and the
+        // READ reply that carry 256 bytes or more; not the inline SEND,
+        // the 7-byte WRITE, the atomic or the ACKs.
+        assert!(left >= 3, "payloads left to the driver: {left}");
+        assert_eq!(whole.len(), gathered.len());
+        for (i, (w, d)) in whole.iter().zip(&gathered).enumerate() {
+            assert_eq!(w, d, "packet {i}");
+        }
+    }
+    // Not without a deferred ICRC (it covers the payload).
+    assert_eq!(traffic_with(false, false, true).1, 0);
 }

@@ -794,6 +794,9 @@ impl Inner {
             }
             let held = deferred.get_or_insert_with(lock);
             if held.len() < HOLD_MAX {
+                // Held past this flush: whole.
+                let mut t = t;
+                crate::hostmem::fill_gathered(&mut t);
                 held.push(t);
             } else {
                 streaming = true;
@@ -868,6 +871,7 @@ impl Inner {
         // What faults do (corrupt a bit, hold it back) is done to the
         // whole packet, as on a wire.
         let mut t = t;
+        crate::hostmem::fill_gathered(&mut t);
         t.write_icrc();
         if f.rng.chance(f.cfg.loss) {
             return;
@@ -1034,8 +1038,10 @@ impl Inner {
         if ts.is_empty() {
             return;
         }
-        // On the wire a packet carries its ICRC (Engine::defer_icrc).
+        // On the wire a packet carries its payload and its ICRC
+        // (Engine::defer_gather, Engine::defer_icrc).
         for t in ts.iter_mut() {
+            crate::hostmem::fill_gathered(t);
             t.write_icrc();
         }
         self.udp_seen
@@ -1120,10 +1126,11 @@ impl Inner {
         if self.tracing.load(Ordering::Relaxed) {
             // The tracer shows the packet whole, also one whose ICRC was
             // left to its receiver (Engine::defer_icrc).
-            if t.icrc {
+            if t.icrc && t.gathered.is_none() {
                 self.trace_packet('t', &t.info, &t.payload, t.ecn.tos(t.dscp));
             } else {
                 let mut whole = t.clone();
+                crate::hostmem::fill_gathered(&mut whole);
                 whole.write_icrc();
                 self.trace_packet('t', &t.info, &whole.payload, t.ecn.tos(t.dscp));
             }
@@ -2316,6 +2323,9 @@ impl Device {
         // need no ICRC from a process that never injected faults: it is
         // written only where it is looked at (UDP, faults, tracers).
         engine.defer_icrc(local.is_some());
+        // Each flush completes or sends what the engine left in memory
+        // before the engine is unlocked (`hostmem::fill_gathered`).
+        engine.defer_gather(local.is_some());
         let inner = Arc::new(Inner {
             engine: Mutex::new(engine),
             channels: Mutex::new(FxHashMap::default()),

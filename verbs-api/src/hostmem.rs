@@ -128,7 +128,63 @@ impl HostMemory {
     }
 }
 
+/// Copy into `t` the payload its engine left in memory
+/// ([`rxe_core::Engine::defer_gather`]); nothing for a whole packet.
+///
+/// Sound because of where such a packet comes from and where it goes: an
+/// engine over [`HostMemory`] left the bytes only in a registered MR's
+/// range that [`HostMemory::direct`] vouched for (not on-demand paging:
+/// mapped while the MR exists), and the device sends or completes every
+/// such packet in the flush that took it from the engine, with the
+/// engine locked, so the MR (deregistered only under that lock) is still
+/// there.
+pub(crate) fn fill_gathered(t: &mut rxe_core::Transmit) {
+    let Some(g) = t.gathered.take() else {
+        return;
+    };
+    let dst = &mut t.payload[g.at..g.at + g.len];
+    // SAFETY: see above: `g.addr..g.addr + g.len` is mapped, readable
+    // memory of this process; `dst` is a distinct Rust allocation.
+    unsafe { std::ptr::copy_nonoverlapping(g.addr as usize as *const u8, dst.as_mut_ptr(), g.len) }
+}
+
+/// Push `t`, whose payload its engine left in memory, into ring `ring`
+/// of `inbox`, the payload copied there straight from that memory
+/// ([`local_link::Inbox::push_gathered`]). As [`fill_gathered`], called
+/// in the flush that took `t` from the engine.
+pub(crate) fn push_gathered(
+    inbox: &local_link::Inbox,
+    ring: usize,
+    tos: u8,
+    t: &rxe_core::Transmit,
+    icrc: local_link::Icrc,
+) -> Result<(), local_link::PushError> {
+    let Some(g) = t.gathered else {
+        return inbox.push_with(ring, t.info.src_port, tos, &t.payload, icrc);
+    };
+    // SAFETY: as in `fill_gathered`, `g.addr..g.addr + g.len` is mapped,
+    // readable memory of this process for the whole call.
+    unsafe {
+        inbox.push_gathered(
+            ring,
+            t.info.src_port,
+            tos,
+            &t.payload,
+            g.at,
+            g.addr as usize as *const u8,
+            g.len,
+            icrc,
+        )
+    }
+}
+
 impl Memory for HostMemory {
+    /// Memory of this process outside on-demand-paging MRs: mapped while
+    /// its MR is registered.
+    fn direct(&self, addr: u64, len: usize) -> bool {
+        !self.is_odp(addr, len)
+    }
+
     fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault> {
         if out.is_empty() {
             return Ok(());

@@ -70,7 +70,9 @@ impl Pending {
         if self.bytes + t.payload.len() > MAX_PENDING_BYTES {
             out.dropped += 1;
         } else {
-            // Pushed later without a word on its ICRC: complete it.
+            // Pushed later without a word on its ICRC: complete it (and
+            // its payload, which must not wait for a later flush).
+            crate::hostmem::fill_gathered(&mut t);
             t.write_icrc();
             self.bytes += t.payload.len();
             self.queues.entry(slot).or_default().push_back(t);
@@ -330,6 +332,7 @@ impl LocalLink {
             (true, true) => Icrc::Right,
             (true, false) => Icrc::Unwritten,
             (false, _) => {
+                crate::hostmem::fill_gathered(t);
                 t.write_icrc();
                 Icrc::Unchecked
             }
@@ -344,11 +347,13 @@ impl LocalLink {
                     | Opcode::RC_RDMA_WRITE_LAST
             )
         ) && self.placement;
+        // A payload its engine left in memory is copied from there into
+        // the ring, unless the packet is to be placed (below).
         if !write {
-            return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
+            return crate::hostmem::push_gathered(inbox, self.slot, tos, t, icrc);
         }
         let Some(qpn) = dest_qpn(&t.payload) else {
-            return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
+            return crate::hostmem::push_gathered(inbox, self.slot, tos, t, icrc);
         };
         let placeable =
             place && t.fresh && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0;
@@ -363,7 +368,11 @@ impl LocalLink {
         } else {
             None
         };
-        let parsed = (placeable && (starts || going.is_some()))
+        let candidate = placeable && (starts || going.is_some());
+        if candidate {
+            crate::hostmem::fill_gathered(t);
+        }
+        let parsed = candidate
             .then(|| wire::PacketRepr::parse(&t.payload).ok())
             .flatten();
         let Some(pkt) = parsed else {
@@ -373,7 +382,7 @@ impl LocalLink {
             if starts || going.is_some() {
                 self.end_write(slot, qpn);
             }
-            return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
+            return crate::hostmem::push_gathered(inbox, self.slot, tos, t, icrc);
         };
         let psn = pkt.bth.psn.value();
         let len = pkt.payload.len() as u64;
@@ -652,6 +661,8 @@ impl LocalLink {
                 }
             }
         }
+        // Payloads left in memory (`Transmit::gathered`) are completed for
+        // every way but a push: the UDP path, a queue, a closed inbox.
         for mut t in ts.drain(..) {
             let Some(slot) = self.dest_slot(&t, addr) else {
                 out.udp.push(t);

@@ -1048,28 +1048,37 @@ fn trace_explains_packets_and_state_changes_and_writes_a_valid_pcap() {
     let _ = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
     connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
     connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
-    let mut buf = vec![5u8; 64];
+    // 300 bytes: payloads the sender's engine leaves in its MR
+    // (`Engine::defer_gather`); the trace shows them all the same.
+    let pattern: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+    let mut buf = pattern.clone();
     let amr = a.pd.reg_mr(&mut buf, ALL).unwrap();
-    let mut bbuf = vec![0u8; 128];
+    let mut bbuf = vec![0u8; 600];
     let bmr = b.pd.reg_mr(&mut bbuf, ALL).unwrap();
     for i in 0..2 {
         b.qp.post_recv(RecvWr {
             wr_id: i,
-            sg_list: vec![bmr.sge(0, 64)],
+            sg_list: vec![bmr.sge(300 * i, 300)],
         })
         .unwrap();
-        a.qp.post_send(SendWr::new(i, SendOp::Send, vec![amr.sge(0, 64)]))
+        a.qp.post_send(SendWr::new(i, SendOp::Send, vec![amr.sge(0, 300)]))
             .unwrap();
         assert_eq!(a.cq.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
         let _ = b.cq.wait(1, WAIT).unwrap();
     }
+    drop(bmr);
+    assert_eq!(&bbuf[..300], &pattern[..]);
+    assert_eq!(&bbuf[300..], &pattern[..]);
     let (n, out) = tracer.join().unwrap();
     assert_eq!(n, 4, "{out}");
     assert!(out.contains("Init -> Rtr (modify_qp)"), "{out}");
     assert!(out.contains("RC SEND_ONLY psn"), "{out}");
     assert!(out.contains("RC ACK → qp"), "{out}");
-    let r = emulator_daemon::pcap_check::check(&std::fs::read(&pcap).unwrap()).unwrap();
+    let bytes = std::fs::read(&pcap).unwrap();
+    let r = emulator_daemon::pcap_check::check(&bytes).unwrap();
     assert!(r.passed() && r.roce == 4, "{}", r.render());
+    let sends = bytes.windows(300).filter(|w| *w == &pattern[..]).count();
+    assert_eq!(sends, 2, "the SENDs' payloads in the capture");
     // An independent decoder reads the trace's pcap as the same packets.
     match Command::new("tshark")
         .arg("-r")
