@@ -61,7 +61,14 @@ struct Pending {
     /// polled just before: kicked later, if those applications stop
     /// polling before taking the datagrams (`LocalLink::rekick`).
     unkicked: Vec<usize>,
+    /// Multi-packet RDMA WRITEs whose FIRST was placed, by the peer's slot
+    /// and QP: where the next packet's payload goes. (Here, under the lock
+    /// every push already holds, rather than behind a lock of its own.)
+    writes: Writes,
 }
+
+/// [`Pending::writes`].
+type Writes = FxHashMap<(usize, u32), PlacedWrite>;
 
 impl Pending {
     /// Queue `t` behind what waits for `slot`, or drop it past
@@ -140,9 +147,6 @@ pub(crate) struct LocalLink {
     /// WRITE payloads (one per packet) placed into peers: `rxe-emu
     /// stat`'s `placed_writes`.
     placed: AtomicU64,
-    /// Multi-packet RDMA WRITEs whose FIRST was placed, by the peer's slot
-    /// and QP: where the next packet's payload goes.
-    writes: Mutex<FxHashMap<(usize, u32), PlacedWrite>>,
     /// This process traces its packets (`TRACE`): a placed payload is kept
     /// in its record all the same, so that the peer's tracer (every
     /// process of a device traces) shows the bytes that were sent.
@@ -200,7 +204,6 @@ impl LocalLink {
             placement,
             no_place: AtomicU64::new(0),
             placed: AtomicU64::new(0),
-            writes: Mutex::new(FxHashMap::default()),
             tracing: AtomicBool::new(false),
             qp_errors_seen: AtomicU64::new(0),
         }
@@ -323,6 +326,7 @@ impl LocalLink {
         t: &mut Transmit,
         place: bool,
         intact: bool,
+        writes: &mut Writes,
     ) -> Result<(), PushError> {
         use wire::Opcode;
         let tos = t.ecn.tos(t.dscp);
@@ -364,7 +368,7 @@ impl LocalLink {
         // A MIDDLE or LAST is placed only after its message's FIRST was:
         // without one going on, it is neither parsed nor looked at.
         let going = if placeable && !starts {
-            self.write_of(slot, qpn)
+            writes.get(&(slot, qpn)).copied()
         } else {
             None
         };
@@ -380,7 +384,7 @@ impl LocalLink {
             // MIDDLE or LAST retransmitted leaves it: whatever is placed
             // later is checked against the responder again).
             if starts || going.is_some() {
-                self.end_write(slot, qpn);
+                writes.remove(&(slot, qpn));
             }
             return crate::hostmem::push_gathered(inbox, self.slot, tos, t, icrc);
         };
@@ -416,7 +420,7 @@ impl LocalLink {
                 }
             }
             _ => {
-                self.end_write(slot, qpn);
+                writes.remove(&(slot, qpn));
                 return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
             }
         };
@@ -424,9 +428,8 @@ impl LocalLink {
         match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p, icrc)? {
             Ok(_) => {
                 self.placed.fetch_add(1, Ordering::Relaxed);
-                let mut w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
                 if first {
-                    w.insert(
+                    writes.insert(
                         (slot, qpn),
                         PlacedWrite {
                             first_psn: psn,
@@ -437,16 +440,16 @@ impl LocalLink {
                         },
                     );
                 } else if op == Some(Opcode::RC_RDMA_WRITE_MIDDLE) {
-                    if let Some(cur) = w.get_mut(&(slot, qpn)) {
+                    if let Some(cur) = writes.get_mut(&(slot, qpn)) {
                         cur.next_psn = (psn + 1) & 0x00ff_ffff;
                         cur.next_va += len;
                     }
                 } else if first_psn.is_some() {
-                    w.remove(&(slot, qpn));
+                    writes.remove(&(slot, qpn));
                 }
             }
             Err(e) => {
-                self.end_write(slot, qpn);
+                writes.remove(&(slot, qpn));
                 if e == PlaceError::Refused {
                     self.no_place.fetch_or(1 << slot, Ordering::Relaxed);
                 }
@@ -458,21 +461,6 @@ impl LocalLink {
     /// The device's tracer was turned on or off.
     pub(crate) fn set_tracing(&self, on: bool) {
         self.tracing.store(on, Ordering::Relaxed);
-    }
-
-    /// The multi-packet WRITE being placed into QP `qpn` of slot `slot`.
-    fn write_of(&self, slot: usize, qpn: u32) -> Option<PlacedWrite> {
-        let w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
-        w.get(&(slot, qpn)).copied()
-    }
-
-    /// A packet of the WRITE to QP `qpn` of slot `slot` went unplaced: so
-    /// do the rest of that message.
-    fn end_write(&self, slot: usize, qpn: u32) {
-        let mut w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
-        if !w.is_empty() {
-            w.remove(&(slot, qpn));
-        }
     }
 
     /// Kicks so far that woke a sleeping thread (`inbox_kicks`).
@@ -663,6 +651,9 @@ impl LocalLink {
         }
         // Payloads left in memory (`Transmit::gathered`) are completed for
         // every way but a push: the UDP path, a queue, a closed inbox.
+        // The placed WRITEs are out of `p` while `p` lends an inbox to
+        // each push.
+        let mut writes = std::mem::take(&mut p.writes);
         for mut t in ts.drain(..) {
             let Some(slot) = self.dest_slot(&t, addr) else {
                 out.udp.push(t);
@@ -679,7 +670,7 @@ impl LocalLink {
                     out.udp.push(t);
                     break;
                 };
-                match self.push(inbox, slot, &mut t, place, intact) {
+                match self.push(inbox, slot, &mut t, place, intact, &mut writes) {
                     Ok(()) => {
                         sent(t);
                         p.kick_later(slot);
@@ -691,17 +682,20 @@ impl LocalLink {
                     Err(PushError::Closed) if !retried => {
                         // The slot may have a new owner with a new inbox.
                         self.forget(p, slot, now(), true);
+                        writes.retain(|&(s, _), _| s != slot);
                         retried = true;
                         continue;
                     }
                     Err(_) => {
                         self.forget(p, slot, now(), false);
+                        writes.retain(|&(s, _), _| s != slot);
                         out.udp.push(t);
                     }
                 }
                 break;
             }
         }
+        p.writes = writes;
         let Pending {
             kick,
             unkicked,
