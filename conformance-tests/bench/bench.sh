@@ -53,7 +53,9 @@ die() { echo "bench: $*" >&2; exit 2; }
 # Host bandwidth pairs move 10 times more than the guest's: 5000 x 64 KiB
 # take about 35 ms on the host, too short a run to set beside the raw UDP
 # ceiling's seconds (the first lap of each 4 MiB inbox ring alone is 2,048
-# page faults), and noisy; 50,000 take about 0.35 s.
+# page faults), and noisy; 50,000 took 0.35-0.7 s and still varied by a
+# quarter from run to run on a 2-CPU VM; 200,000 take 1-3 s, as long as
+# the ceiling's run.
 # The guest's latency pairs run in LAT_ROUNDS rounds, kernel rxe and rxe-emu
 # alternating (the module is loaded and unloaded between them), and each
 # figure is the median of its rounds: the guest's speed drifts by 10-20% over
@@ -64,7 +66,7 @@ die() { echo "bench: $*" >&2; exit 2; }
 # 2026-11-27 with every iteration's latency, -U): from round to round
 # kernel rxe's went from 108 to 555 µs, and three rounds left its median
 # to one or two of them.
-N_BW=5000 N_BW_HOST=50000 N_LAT=5000 UDP_SECS=3 UDP_PP=20000 LAT_ROUNDS=5
+N_BW=5000 N_BW_HOST=200000 N_LAT=5000 UDP_SECS=3 UDP_PP=20000 LAT_ROUNDS=5
 [ -n "$QUICK" ] && N_BW=500 N_BW_HOST=5000 N_LAT=500 UDP_SECS=1 UDP_PP=2000 LAT_ROUNDS=1
 
 OUT="$TARGET/bench/$(date +%Y%m%d-%H%M%S)"
