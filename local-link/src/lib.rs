@@ -338,7 +338,7 @@ pub struct Inbox {
 /// [`Inbox::push_gathered`]: the bytes `at..at + len` of a datagram are
 /// at `src`.
 #[derive(Clone, Copy)]
-struct Gap {
+pub(crate) struct Gap {
     at: usize,
     src: *const u8,
     len: usize,
@@ -419,7 +419,16 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
     ) -> Result<(), PushError> {
-        self.push_record(ring, src_port, tos, datagram, None, None, Icrc::Unchecked)
+        self.push_record(
+            ring,
+            src_port,
+            tos,
+            datagram,
+            None,
+            None,
+            Icrc::Unchecked,
+            None,
+        )
     }
 
     /// Producer: as [`Inbox::push`], saying what `icrc` says of the
@@ -432,7 +441,7 @@ impl Inbox {
         datagram: &[u8],
         icrc: Icrc,
     ) -> Result<(), PushError> {
-        self.push_record(ring, src_port, tos, datagram, None, None, icrc)
+        self.push_record(ring, src_port, tos, datagram, None, None, icrc, None)
     }
 
     /// Producer: as [`Inbox::push_with`], for a datagram whose bytes
@@ -462,31 +471,16 @@ impl Inbox {
             src: payload,
             len,
         };
-        self.push_from(ring, src_port, tos, datagram, None, None, icrc, Some(gap))
+        self.push_record(ring, src_port, tos, datagram, None, None, icrc, Some(gap))
     }
 
     /// Append a record of `datagram`; with `placed` the address its
     /// payload was written at, and with `elide` (its payload's offset and
-    /// length, only with `placed`) without those bytes.
+    /// length, only with `placed`) without those bytes; with `gap` its
+    /// bytes there taken from where it says ([`Inbox::push_gathered`],
+    /// whose caller vouches for them; never with `elide`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn push_record(
-        &self,
-        ring: usize,
-        src_port: u16,
-        tos: u8,
-        datagram: &[u8],
-        placed: Option<u64>,
-        elide: Option<(usize, usize)>,
-        icrc: Icrc,
-    ) -> Result<(), PushError> {
-        self.push_from(ring, src_port, tos, datagram, placed, elide, icrc, None)
-    }
-
-    /// [`Inbox::push_record`], the datagram's bytes in `gap` (if any)
-    /// taken from where it says ([`Inbox::push_gathered`], whose caller
-    /// vouches for them; never with `elide`).
-    #[allow(clippy::too_many_arguments)]
-    fn push_from(
         &self,
         ring: usize,
         src_port: u16,

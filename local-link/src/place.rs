@@ -468,6 +468,7 @@ impl Inbox {
             at,
             p.elide.filter(|_| at.is_some()),
             icrc,
+            None,
         );
         placing.store((before | 1).wrapping_add(1), SeqCst);
         pushed?;

@@ -399,11 +399,18 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
         }
         None => {
             let off = u64::from(offset);
-            if ctx.defer_gather {
-                // One range of one MR: checked now, copied by the driver.
-                let one = dma::one_range(&ctx.keys, pd, sges, off, buf.len())?;
-                if let Some(addr) = one.filter(|&a| tx::gathers(ctx, a, buf.len())) {
-                    return Ok(Some(addr));
+            if tx::may_gather(ctx, buf.len()) {
+                // One range of one MR, checked once: copied by the driver
+                // if it can read it, or here.
+                if let Some(addr) = dma::one_range(&ctx.keys, pd, sges, off, buf.len())? {
+                    if tx::gathers(ctx, addr, buf.len()) {
+                        return Ok(Some(addr));
+                    }
+                    return ctx
+                        .mem
+                        .read(addr, buf)
+                        .map(|()| None)
+                        .map_err(|e| e.to_string());
                 }
             }
             dma::gather(&ctx.mem, &ctx.keys, pd, sges, off, buf).map(|()| None)

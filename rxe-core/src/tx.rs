@@ -193,7 +193,13 @@ pub(crate) fn emit<M, E>(
 /// (it covers the payload), the memory readable by the driver, and worth
 /// it (a short payload is copied at once).
 pub(crate) fn gathers<M: crate::mem::Memory>(ctx: &Ctx<M>, addr: u64, len: usize) -> bool {
-    ctx.defer_gather && ctx.defer_icrc && len >= MIN_GATHERED && ctx.mem.direct(addr, len)
+    may_gather(ctx, len) && ctx.mem.direct(addr, len)
+}
+
+/// [`gathers`] but for the memory's say: whether looking where a payload
+/// of `len` bytes is can be worth it.
+pub(crate) fn may_gather<M>(ctx: &Ctx<M>, len: usize) -> bool {
+    ctx.defer_gather && ctx.defer_icrc && len >= MIN_GATHERED
 }
 
 /// Payloads shorter than this are copied into the packet at once.

@@ -284,12 +284,12 @@ pub(crate) struct ChannelTx {
     pub tx: UnixDatagram,
 }
 
-/// One round of [`Inner::progress`]: who runs it (an application's poll
-/// or the progress thread), the CQ whose completion ends it, and how many
-/// datagrams it handled.
 /// [`Inner::drain_local`] reads the clock once per this many datagrams.
 const CLOCK_EVERY: usize = 4;
 
+/// One round of [`Inner::progress`]: who runs it (an application's poll
+/// or the progress thread), the CQ whose completion ends it, and how many
+/// datagrams it handled.
 struct Round {
     app: bool,
     polled: Option<rxe_core::CqHandle>,
@@ -1267,7 +1267,7 @@ impl Inner {
         let mut done = self.drain_local(&mut e, buf, &mut r);
         let drained = r.handled;
         let mut now = self.now();
-        if !done && !socket_quiet && (!app || self.local.is_none() || self.udp_in_use_at(now)) {
+        if !done && !socket_quiet && (!app || self.udp_in_use(now)) {
             done = self.drain_socket(&mut e, &self.socket, self.cfg.addr, buf, &mut r);
         }
         if !done {
@@ -1378,8 +1378,8 @@ impl Inner {
     /// Whether an application's poll must read the UDP socket: always,
     /// unless the device has the same-host path and no datagram came or
     /// went by UDP for [`UDP_RECENT`].
-    fn udp_in_use(&self) -> bool {
-        self.local.is_none() || self.udp_in_use_at(self.now())
+    fn udp_in_use(&self, now: Instant) -> bool {
+        self.local.is_none() || self.udp_in_use_at(now)
     }
 
     /// [`Inner::udp_in_use`] at `now`, for a device with the same-host
@@ -1636,7 +1636,7 @@ impl Inner {
             }
             // A datagram by UDP (a peer on another device) still needs
             // the thread on the socket: wake it if it sleeps off it.
-            if !(may_leave && !was_left && self.udp_in_use()) {
+            if !(may_leave && !was_left && self.udp_in_use(self.now())) {
                 return;
             }
         }
@@ -1968,7 +1968,7 @@ impl Inner {
             if let Some(ll) = &self.local {
                 fds.push(ll.own.event_fd());
             }
-        } else if self.local.is_some() && !self.udp_in_use() {
+        } else if self.local.is_some() && !self.udp_in_use(self.now()) {
             // An application polls, but reads only its inbox: UDP is
             // this thread's to watch.
             fds.push(self.socket.as_raw_fd());
@@ -2043,11 +2043,12 @@ impl Inner {
                     // UDP that the application reads itself while it
                     // polls, and multicast, are not watched here: nothing
                     // kicks for them, so look as often as before.
-                    let longest = if self.udp_in_use() || self.mcast_on.load(Ordering::Acquire) {
-                        MAX_SPIN_WAIT_UDP
-                    } else {
-                        MAX_SPIN_WAIT
-                    };
+                    let longest =
+                        if self.udp_in_use(self.now()) || self.mcast_on.load(Ordering::Acquire) {
+                            MAX_SPIN_WAIT_UDP
+                        } else {
+                            MAX_SPIN_WAIT
+                        };
                     let wait = until.saturating_duration_since(now).max(longest);
                     let wait = if self.local.as_ref().is_some_and(|l| l.has_pending()) {
                         wait.min(PENDING_RETRY)

@@ -91,16 +91,19 @@ int main(void)
 	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "write into the unmapped page: %s",
 	      ibv_wc_status_str(wc.status));
 
-	/* A READ of the hole, on a fresh pair. */
+	/* A READ of the hole, on a fresh pair. 256 bytes: a payload the
+	 * engine would leave to the device to copy (defer_gather), were the
+	 * memory not on-demand paging. */
 	p = mkpair(ctx, pd, &gid);
-	wc = rdma(p.a, p.cqa, IBV_WR_RDMA_READ, dmr->lkey, (uintptr_t)dst, 64, omr->rkey,
+	wc = rdma(p.a, p.cqa, IBV_WR_RDMA_READ, dmr->lkey, (uintptr_t)dst, 256, omr->rkey,
 		  (uintptr_t)odp + pg);
 	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "read of the unmapped page: %s",
 	      ibv_wc_status_str(wc.status));
 
-	/* A local SGE in the hole: the requester cannot gather it. */
+	/* A local SGE in the hole: the requester cannot gather it (256
+	 * bytes, as above: never left to a copy that would fault). */
 	p = mkpair(ctx, pd, &gid);
-	wc = rdma(p.a, p.cqa, IBV_WR_RDMA_WRITE, omr->lkey, (uintptr_t)odp + pg, 64, dmr->rkey,
+	wc = rdma(p.a, p.cqa, IBV_WR_RDMA_WRITE, omr->lkey, (uintptr_t)odp + pg, 256, dmr->rkey,
 		  (uintptr_t)dst);
 	CHECK(wc.status == IBV_WC_LOC_PROT_ERR, "send from the unmapped page: %s",
 	      ibv_wc_status_str(wc.status));
