@@ -154,6 +154,31 @@ fn words_scribbled_by_another_process_are_counted_and_dropped_not_trusted() {
     let p = rx.pop(&mut buf).unwrap();
     assert_eq!(&buf[..p.len], &[6; 16]);
 
+    // A lead (bits 24-29 of the length word: bytes before the datagram)
+    // that runs the record past the tail, or that no producer writes.
+    for lead in [40u32, 64, 255] {
+        tx.push(1, 1, 0, &[5; 16]).unwrap();
+        let head = {
+            let mut w = [0u8; 8];
+            file.read_at(&mut w, 4096 + 256 + 128).unwrap();
+            u64::from_le_bytes(w)
+        };
+        file.write_at(&(16 | lead << 24).to_le_bytes(), data + head % RING as u64)
+            .unwrap();
+        assert!(rx.pop(&mut buf).is_none(), "lead {lead}");
+        assert_eq!(rx.take_dropped(), 1);
+    }
+    // One that adds up is read past.
+    tx.push(1, 1, 0, &[9; 48]).unwrap();
+    let mut w = [0u8; 8];
+    file.read_at(&mut w, 4096 + 256 + 128).unwrap();
+    let head = u64::from_le_bytes(w);
+    file.write_at(&(16u32 | 32 << 24).to_le_bytes(), data + head % RING as u64)
+        .unwrap();
+    let p = rx.pop(&mut buf).unwrap();
+    assert_eq!(&buf[..p.len], &[9; 16]);
+    assert_eq!(rx.take_dropped(), 0);
+
     // Something that is not an inbox.
     let m = local_link_memfd_like();
     let e = f.eventfd().try_clone_to_owned().unwrap();
@@ -439,6 +464,14 @@ fn warming_a_ring_backs_its_first_pages_and_no_more() {
 fn a_datagram_whose_payload_is_elsewhere_arrives_whole() {
     let f = InboxFile::create("t", 4, RING).unwrap();
     let (tx, rx) = (open(&f), open(&f));
+    let file = std::fs::File::from(f.memfd().try_clone_to_owned().unwrap());
+    // Ring 2's control block and data (see the scribbling test).
+    let (ctrl, data) = (4096 + 2 * 256, 8192 + 65536 + 2 * RING as u64);
+    let word = |off: u64| {
+        let mut w = [0u8; 8];
+        file.read_at(&mut w, off).unwrap();
+        u64::from_le_bytes(w)
+    };
     let mut buf = vec![0u8; MAX_DATAGRAM];
     // Around the ring's end too: records of several sizes, many laps.
     for (i, len) in [4136usize, 300, 1100, 4136, 60]
@@ -453,10 +486,23 @@ fn a_datagram_whose_payload_is_elsewhere_arrives_whole() {
         let mut shell = whole.clone();
         shell[at..at + n].fill(0xee);
         let payload = whole[at..at + n].to_vec();
+        let tail = word(ctrl);
         // SAFETY: `payload` holds `n` readable bytes for the call.
         let r =
             unsafe { tx.push_gathered(2, 7, 0, &shell, at, payload.as_ptr(), n, Icrc::Unwritten) };
         assert_eq!(r, Ok(()));
+        // The record's payload starts on a cache line of the ring: after
+        // its header (a length word whose bits 24-29 are the lead) and
+        // the lead. (Where the lap was cut short, the record is at 0.)
+        let mut off = data + tail % RING as u64;
+        let mut head = word(off) as u32;
+        if head == u32::MAX {
+            off = data;
+            head = word(off) as u32;
+        }
+        let lead = u64::from(head >> 24);
+        assert_eq!((head & 0xff_ffff) as usize, *len);
+        assert_eq!((off + 8 + lead + at as u64) % 64, 0, "datagram {i}");
         let p = rx.pop(&mut buf).expect("a record");
         assert_eq!((p.ring, p.src_port, p.icrc), (2, 7, Icrc::Unwritten));
         assert_eq!(&buf[..p.len], &whole[..], "datagram {i}");
