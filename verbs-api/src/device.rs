@@ -663,7 +663,11 @@ fn join_group(group: IpAddr, local: IpAddr) -> io::Result<UdpSocket> {
 
 impl Inner {
     pub(crate) fn now(&self) -> Instant {
-        self.at(local_link::monotonic_ns())
+        let mono = local_link::monotonic_ns();
+        if let Some(l) = &self.local {
+            l.note_time(mono);
+        }
+        self.at(mono)
     }
 
     /// The engine's time of a CLOCK_MONOTONIC reading.
@@ -1305,7 +1309,7 @@ impl Inner {
         let Some(l) = &self.local else { return false };
         !(l.own.has_data()
             || l.has_pending()
-            || l.any_unkicked()
+            || l.rekick_due(now.as_nanos() + self.epoch)
             || self.has_deferred()
             || self.mcast_on.load(Ordering::Acquire)
             || self.faults_on.load(Ordering::Acquire)

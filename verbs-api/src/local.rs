@@ -134,6 +134,14 @@ pub(crate) struct LocalLink {
     any_pending: AtomicBool,
     /// `pending.unkicked` is not empty.
     any_unkicked: AtomicBool,
+    /// CLOCK_MONOTONIC (ns) before which [`LocalLink::rekick`] has no
+    /// one to kick: the earliest time an application of
+    /// `pending.unkicked` may be found to have stopped polling.
+    rekick_at: AtomicU64,
+    /// CLOCK_MONOTONIC (ns) as the device read it last
+    /// ([`LocalLink::note_time`]): the time a push's kick judges a
+    /// consumer's last poll by.
+    time: AtomicU64,
     /// Kicks that woke another process's progress thread (or this one's):
     /// `rxe-emu stat`'s `inbox_kicks`.
     kicks: AtomicU64,
@@ -200,6 +208,8 @@ impl LocalLink {
             pending: Mutex::new(pending),
             any_pending: AtomicBool::new(false),
             any_unkicked: AtomicBool::new(false),
+            rekick_at: AtomicU64::new(0),
+            time: AtomicU64::new(0),
             kicks: AtomicU64::new(0),
             placement,
             no_place: AtomicU64::new(0),
@@ -560,15 +570,23 @@ impl LocalLink {
     /// just before a datagram came, then stopped, would otherwise leave it
     /// for its progress thread's next look (up to 200 ms), and a sender
     /// waiting for the answer (two devices driven by one thread, as
-    /// rdma-core's tests do) with it. Called at each round of progress.
+    /// rdma-core's tests do) with it. Called at each round of progress;
+    /// it looks only once one of those applications may have stopped
+    /// polling (its last poll [`local_link::POLL_STALE`] ago, as it stood
+    /// at the last look): in a stream, where the consumer is awake and
+    /// polling, a look per round (a lock, loads of lines the consumer
+    /// writes, a clock read) was 7% of a sender's time (host
+    /// `ib_send_bw`, perf).
     pub(crate) fn rekick(&self) {
-        if !self.any_unkicked.load(Ordering::Acquire) {
+        let now_ns = self.time();
+        if !self.rekick_due(now_ns) {
             return;
         }
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let p = &mut *pending;
         let slot = self.slot;
         let mut kicked = 0;
+        let mut next = u64::MAX;
         p.unkicked.retain(|s| {
             // Taken, gone, or kicked by another sender meanwhile (its
             // thread will look): nothing left to do for it.
@@ -578,20 +596,42 @@ impl LocalLink {
             if i.taken(slot) || i.is_closed() || !i.awake_unkicked() {
                 return false;
             }
-            if i.kick() {
+            if i.kick_at(now_ns) {
                 kicked += 1;
                 return false;
             }
+            next = next.min(i.stale_at());
             true
         });
+        self.rekick_at.store(next, Ordering::Relaxed);
         self.kicks.fetch_add(kicked, Ordering::Relaxed);
         self.any_unkicked
             .store(!p.unkicked.is_empty(), Ordering::Release);
     }
 
-    /// Whether inboxes written without a kick wait for [`LocalLink::rekick`].
-    pub(crate) fn any_unkicked(&self) -> bool {
+    /// The device read the clock: CLOCK_MONOTONIC `mono_ns`.
+    pub(crate) fn note_time(&self, mono_ns: u64) {
+        self.time.store(mono_ns, Ordering::Relaxed);
+    }
+
+    /// The time the device read last ([`LocalLink::note_time`]), at most
+    /// a few datagrams or a round of progress ago: kicks judge by it
+    /// whether a consumer's application stopped polling (1 ms ago or
+    /// more), where a clock read per flush was 3-5% of a sender's time
+    /// (host `ib_send_bw`, perf). A time a little behind only makes a
+    /// kick wait for a later look.
+    fn time(&self) -> u64 {
+        match self.time.load(Ordering::Relaxed) {
+            0 => local_link::monotonic_ns(),
+            t => t,
+        }
+    }
+
+    /// Whether inboxes written without a kick wait for
+    /// [`LocalLink::rekick`], and it may find one to kick at `now_ns`.
+    pub(crate) fn rekick_due(&self, now_ns: u64) -> bool {
         self.any_unkicked.load(Ordering::Acquire)
+            && now_ns >= self.rekick_at.load(Ordering::Relaxed)
     }
 
     /// Whether datagrams wait for room in a full inbox.
@@ -702,14 +742,16 @@ impl LocalLink {
             peers,
             ..
         } = p;
+        let time = self.time();
         for slot in kick.drain(..) {
             let Some(Peer::Inbox(i)) = peers.get(&slot) else {
                 continue;
             };
-            if i.kick() {
+            if i.kick_at(time) {
                 self.kicks.fetch_add(1, Ordering::Relaxed);
             } else if i.awake_unkicked() && !unkicked.contains(&slot) {
                 unkicked.push(slot);
+                self.rekick_at.fetch_min(i.stale_at(), Ordering::Relaxed);
             }
         }
         self.any_unkicked
