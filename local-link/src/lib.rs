@@ -277,10 +277,14 @@ pub struct Popped {
     pub elided: Option<(usize, usize)>,
     /// What the sender said of its ICRC ([`Inbox::push_with`]).
     pub icrc: Icrc,
+    /// Where in the caller's buffer the datagram starts: 0, unless
+    /// [`Inbox::pop_aligned`] put it elsewhere.
+    pub at: usize,
 }
 
 /// Where a payload copied into a record from elsewhere starts
-/// ([`Inbox::push_gathered`]): on a cache line. A copy of 4 KiB between two
+/// ([`Inbox::push_gathered`]): on a cache line (and where
+/// [`Inbox::pop_aligned`] copies it to: on one too). A copy of 4 KiB between two
 /// threads through a ring moved 7-8 GB/s with the source or the
 /// destination 20-36 bytes off a line, 11 with both on one (2-CPU Intel
 /// host).
@@ -728,6 +732,21 @@ impl Inbox {
     /// Consumer: take the next datagram into `buf` (at least
     /// [`MAX_DATAGRAM`] bytes), rings taken in turn.
     pub fn pop(&self, buf: &mut [u8]) -> Option<Popped> {
+        self.pop_impl(buf, false)
+    }
+
+    /// Consumer: as [`Inbox::pop`], but the datagram goes to
+    /// [`Popped::at`] in `buf` (0 to [`ALIGN`] - 1), where its bytes have
+    /// the alignment they have in the ring, so that the copy moves whole
+    /// cache lines, and a payload that its sender put on a line
+    /// ([`Inbox::push_gathered`]) lands on one, for the copy into its MR
+    /// too. For a `buf` of [`MAX_DATAGRAM`] + [`ALIGN`] bytes or more (a
+    /// shorter one gets a datagram that would not fit there at 0).
+    pub fn pop_aligned(&self, buf: &mut [u8]) -> Option<Popped> {
+        self.pop_impl(buf, true)
+    }
+
+    fn pop_impl(&self, buf: &mut [u8], align: bool) -> Option<Popped> {
         let active = self.map.u64_at(OFF_ACTIVE).load(SeqCst);
         if active == 0 {
             return None;
@@ -752,7 +771,7 @@ impl Inbox {
             } else {
                 start + k
             };
-            if let Some(p) = self.pop_ring(ring, buf) {
+            if let Some(p) = self.pop_ring(ring, buf, align) {
                 self.cursor.store(ring + 1, Relaxed);
                 return Some(p);
             }
@@ -760,7 +779,7 @@ impl Inbox {
         None
     }
 
-    fn pop_ring(&self, ring: usize, buf: &mut [u8]) -> Option<Popped> {
+    fn pop_ring(&self, ring: usize, buf: &mut [u8], align: bool) -> Option<Popped> {
         let size = self.layout.ring_size as u64;
         let base = self.layout.data(ring);
         loop {
@@ -821,10 +840,21 @@ impl Inbox {
             }) else {
                 return self.discard(ring, tail);
             };
+            // Where the datagram goes in `buf`: at the alignment it has in
+            // the ring, if asked and it fits there.
+            let at = match (align, elided) {
+                (true, None) => {
+                    let ring_addr = self.map.addr() + base + body + lead;
+                    Some(ring_addr.wrapping_sub(buf.as_ptr() as usize) % ALIGN)
+                        .filter(|a| a + len <= buf.len())
+                        .unwrap_or(0)
+                }
+                _ => 0,
+            };
             let kept = match elided {
                 None => {
                     // After the lead.
-                    self.map.read(base + body + lead, &mut buf[..len]);
+                    self.map.read(base + body + lead, &mut buf[at..at + len]);
                     lead + len
                 }
                 Some((at, n)) => {
@@ -852,6 +882,7 @@ impl Inbox {
                 placed,
                 elided,
                 icrc,
+                at,
             });
         }
     }

@@ -82,6 +82,11 @@ impl Mapping {
         self.len
     }
 
+    /// The mapping's address (for alignment: nothing is reached by it).
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
     /// Fault in the pages of `off..off + len` (clipped to the mapping)
     /// now, writable if `write`, in one system call rather than a page
     /// fault each on first use. Best effort: a kernel before 5.14 lacks

@@ -1404,8 +1404,10 @@ impl Inner {
         // RNR's tens of microseconds at least), and a read per datagram
         // was 2-3% of a receiver's time in a stream (host, perf).
         let mut clock: Option<(Instant, usize)> = None;
-        while let Some(p) = ll.own.pop(buf) {
+        while let Some(p) = ll.own.pop_aligned(buf) {
             r.handled += 1;
+            // The datagram, placed with the alignment it had in the ring.
+            let buf = &mut buf[p.at..];
             let tracing = self.tracing.load(Ordering::Relaxed);
             if let (Some((at, n)), Some(from), true) = (p.elided, p.placed, tracing) {
                 // The tracer shows the packet whole: its payload, left out
@@ -1993,7 +1995,7 @@ impl Inner {
     }
 
     fn progress_loop(self: Arc<Self>) {
-        let mut buf = vec![0u8; 65536];
+        let mut buf = vec![0u8; RX_BUF];
         let mut wbuf = [0u8; 64];
         crate::sys::set_timer_slack_1ns();
         // Set when the last round ended with a datagram found by spinning
@@ -2535,16 +2537,20 @@ impl Device {
 
 /// A receive buffer of this thread, big enough for any UDP datagram;
 /// reused, never zeroed again.
+/// Bytes of a receive buffer: the largest datagram, at any alignment
+/// (`local_link::Inbox::pop_aligned`).
+const RX_BUF: usize = 65536 + 64;
+
 pub(crate) fn with_rx_buf<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
     thread_local! {
-        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 65536]);
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; RX_BUF]);
     }
     // (A catch-up at process exit finds the thread's storage gone.)
     let mut f = Some(f);
     BUF.try_with(|b| f.take().map(|f| f(&mut b.borrow_mut())))
         .ok()
         .flatten()
-        .unwrap_or_else(|| (f.take().expect("not run"))(&mut vec![0; 65536]))
+        .unwrap_or_else(|| (f.take().expect("not run"))(&mut vec![0; RX_BUF]))
 }
 
 #[cfg(test)]
