@@ -45,9 +45,10 @@
 //!   flags: bit 0 "placed", bit 1 "ICRC right as built", bit 2 "ICRC
 //!   not written yet", see [`Icrc`], bit 3 "payload left out"), the lead
 //!   (0-63 bytes that put a payload copied in from elsewhere on a cache
-//!   line), and the datagram padded to 8 bytes (with the payload left out: no lead, a u32
-//!   offset and a u32 length of the payload, then the bytes before and
-//!   after it, padded), then, if placed, the u64 host address
+//!   line), and the datagram, padded to 8 bytes with the lead (with the
+//!   payload left out: no lead, a u32 offset and a u32 length of the
+//!   payload, then the bytes before and after it, padded), then, if
+//!   placed, the u64 host address
 //!   its payload was written to; a length of `u32::MAX` means "the
 //!   rest of this lap is unused, continue at offset 0". A producer writes
 //!   one where a record does not fit before the end, and where it finds
@@ -236,24 +237,27 @@ struct Room {
     fits: bool,
 }
 
-/// Bytes of a record after its header, for a `len`-byte datagram with a
-/// placed address (or not) and its payload `elide`d (offset, length) or
-/// not; `None` if no such record can be.
-fn record_body(len: usize, placed: bool, elide: Option<(usize, usize)>) -> Option<usize> {
-    if len > MAX_DATAGRAM {
+/// Bytes of a record after its header, for a `len`-byte datagram after a
+/// `lead`, with a placed address (or not) and its payload `elide`d
+/// (offset, length) or not; `None` if no such record can be (an elided
+/// payload has no lead).
+fn record_body(
+    len: usize,
+    lead: usize,
+    placed: bool,
+    elide: Option<(usize, usize)>,
+) -> Option<usize> {
+    if len > MAX_DATAGRAM || lead >= ALIGN {
         return None;
     }
     let kept = match elide {
-        None => len,
-        Some((at, n)) if at.checked_add(n).is_some_and(|end| end <= len) => 8 + len - n,
+        None => lead + len,
+        Some((at, n)) if lead == 0 && at.checked_add(n).is_some_and(|end| end <= len) => {
+            8 + len - n
+        }
         Some(_) => return None,
     };
     Some(pad8(kept) + if placed { 8 } else { 0 })
-}
-
-/// [`record_body`] of a record with a `lead` (and no payload left out).
-fn led_body(lead: usize, len: usize, placed: bool) -> usize {
-    pad8(lead + len) + if placed { 8 } else { 0 }
 }
 
 /// A datagram taken out of an inbox.
@@ -284,10 +288,10 @@ pub struct Popped {
 
 /// Where a payload copied into a record from elsewhere starts
 /// ([`Inbox::push_gathered`]): on a cache line (and where
-/// [`Inbox::pop_aligned`] copies it to: on one too). A copy of 4 KiB between two
-/// threads through a ring moved 7-8 GB/s with the source or the
-/// destination 20-36 bytes off a line, 11 with both on one (2-CPU Intel
-/// host).
+/// [`Inbox::pop_aligned`] copies it to: on one too). A copy of 4 KiB
+/// between two threads through a ring moved 7-8 GB/s with the source or
+/// the destination 20-36 bytes off a line, 11 with both on one (2-CPU
+/// Intel host).
 const ALIGN: usize = 64;
 /// A record's length word: the datagram's length in its low 24 bits, the
 /// lead before it (0 to [`ALIGN`] - 1 bytes) above them.
@@ -522,8 +526,8 @@ impl Inbox {
         // ring, after a lead of up to ALIGN - 1 bytes (room for it is
         // asked for, and the record then takes what it needs).
         let align = gap.map(|g| g.at);
-        let body = record_body(datagram.len(), placed.is_some(), elide)
-            .map(|b| b + if align.is_some() { ALIGN } else { 0 });
+        let most = if align.is_some() { ALIGN - 1 } else { 0 };
+        let body = record_body(datagram.len(), most, placed.is_some(), elide);
         let Room {
             tail,
             skip,
@@ -547,7 +551,9 @@ impl Inbox {
         let off = (at % size) as usize;
         let lead = align.map_or(0, |a| (ALIGN - (off + REC + a) % ALIGN) % ALIGN);
         if align.is_some() {
-            need = (REC + led_body(lead, datagram.len(), placed.is_some())) as u64;
+            // (Some: `room` took the largest lead.)
+            need = record_body(datagram.len(), lead, placed.is_some(), None)
+                .map_or(need, |b| (REC + b) as u64);
         }
         let mut hdr = [0u8; REC];
         hdr[..4]
@@ -655,7 +661,7 @@ impl Inbox {
     /// Producer: whether a record of a `len`-byte datagram with a placed
     /// address fits in ring `ring` now.
     pub(crate) fn has_room_placed(&self, ring: usize, len: usize) -> Result<bool, PushError> {
-        Ok(self.room(ring, record_body(len, true, None))?.fits)
+        Ok(self.room(ring, record_body(len, 0, true, None))?.fits)
     }
 
     /// Producer: wake the consumer if it sleeps, or if its application
@@ -826,12 +832,7 @@ impl Inbox {
             } else {
                 None
             };
-            let need = match (elided, lead) {
-                (_, 0) => record_body(len, placed, elided),
-                (None, ..ALIGN) if len <= MAX_DATAGRAM => Some(led_body(lead, len, placed)),
-                _ => None,
-            };
-            let need = need.map(|b| (REC + b) as u64);
+            let need = record_body(len, lead, placed, elided).map(|b| (REC + b) as u64);
             let Some(need) = need.filter(|&need| {
                 len <= buf.len()
                     && off as u64 + need <= size

@@ -2535,12 +2535,12 @@ impl Device {
     }
 }
 
-/// A receive buffer of this thread, big enough for any UDP datagram;
-/// reused, never zeroed again.
 /// Bytes of a receive buffer: the largest datagram, at any alignment
 /// (`local_link::Inbox::pop_aligned`).
 const RX_BUF: usize = 65536 + 64;
 
+/// A receive buffer of this thread, big enough for any UDP datagram;
+/// reused, never zeroed again.
 pub(crate) fn with_rx_buf<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; RX_BUF]);
