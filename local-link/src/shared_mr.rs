@@ -464,6 +464,13 @@ mod tests {
         .unwrap()
     }
 
+    /// The tests that place into shared pages, one at a time: they count
+    /// their placements on the process's counter (`placed_shared`).
+    fn placing_alone() -> std::sync::MutexGuard<'static, ()> {
+        static PLACING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        PLACING.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn segment_of(host: u64) -> Option<(u64, u64)> {
         let vmas = maps().unwrap();
         vmas.iter()
@@ -562,6 +569,7 @@ mod tests {
 
     #[test]
     fn a_producer_places_into_moved_pages_with_a_copy_and_elsewhere_as_before() {
+        let _alone = placing_alone();
         use crate::{Icrc, InboxFile, PlaceableMr, PlaceableQp, Placement};
         let p = remap::page_size();
         let b = buffer(3, 0);
@@ -649,6 +657,7 @@ mod tests {
     /// pages. A placed payload is left out of its record when asked.
     #[test]
     fn the_packets_of_a_message_are_placed_while_its_responder_is_in_it() {
+        let _alone = placing_alone();
         use crate::{Icrc, InboxFile, PlaceError, PlaceableMr, PlaceableQp, Placement};
         let p = remap::page_size();
         let b = buffer(3, 0);
@@ -774,6 +783,7 @@ mod tests {
 
     #[test]
     fn a_producer_warmed_up_has_the_pages_mapped_before_its_first_placement() {
+        let _alone = placing_alone();
         use crate::{Icrc, InboxFile, PlaceableMr, PlaceableQp, Placement};
         let p = remap::page_size();
         let b = buffer(2, 7);

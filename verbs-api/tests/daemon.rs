@@ -1529,8 +1529,10 @@ fn kicks_of_a_process_that_stopped_polling(tag: &str, ip: &str, pause: Duration)
     let d = Daemon::start(tag, &format!("rxe0={ip}"), 8);
     let a = side(d.open(), QpType::Rc);
     let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    // A retransmits only after about a second (timeout 18): a kick that
+    // came with a retransmission would hide a missing later kick.
+    connect(&a, b.qp.qpn(), b.dev.gid(), 18, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 18, 7, 0);
     let a_slot = a.qp.qpn() >> 16;
     let mut src = vec![5u8; 64];
     let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
