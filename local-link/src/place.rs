@@ -37,7 +37,9 @@
 //! the same address. Anything the sender cannot decide (a memory window,
 //! an MR that does not fit the table, a responder with work in progress,
 //! a retransmission, a peer it has no ptrace rights over) goes the usual
-//! way, unplaced.
+//! way, unplaced. (The driver, verbs-api, also leaves a stream's packets
+//! unplaced: it places only packets of the last work request posted,
+//! `rxe_core::Transmit::last_posted`.)
 //!
 //! **Deregistration.** A consumer must not let its memory go while a
 //! sender writes into it. Each ring's control block has a `placing`

@@ -1071,6 +1071,7 @@ pub(crate) fn notification_point<M>(
         ecn: Ecn::NotEct,
         dscp,
         fresh: false,
+        last_posted: false,
         icrc: true,
         gathered: None,
     });

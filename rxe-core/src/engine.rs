@@ -187,6 +187,13 @@ pub struct Transmit {
     /// PSN left the QP before (retransmissions, responses, ACKs and CNPs
     /// are not).
     pub fresh: bool,
+    /// A fresh request packet whose work request was the last one posted
+    /// to its send queue when the packet was built: nothing of the QP
+    /// waited to go after it. A driver that may do the responder's work
+    /// itself (placement, on the same host) does it only then: while
+    /// work requests queue behind (a stream), the responder does it in
+    /// parallel with the sender, which is faster than the sender alone.
+    pub last_posted: bool,
     /// Whether its ICRC is written (always, unless the driver asked to
     /// write it itself: [`Engine::defer_icrc`]).
     pub icrc: bool,

@@ -419,8 +419,10 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
     if res.is_ok() {
         qp.counters.sent_pkts += 1;
         if psn.is_after_or_eq(qp.fresh_psn) {
+            let last_posted = idx + 1 == qp.sq.len();
             if let Some(t) = ctx.out.back_mut() {
                 t.fresh = true;
+                t.last_posted = last_posted;
             }
             qp.fresh_psn = psn.add(npsn);
         }

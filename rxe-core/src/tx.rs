@@ -182,6 +182,7 @@ pub(crate) fn emit<M, E>(
         ecn,
         dscp: 0,
         fresh: false,
+        last_posted: false,
         icrc,
         gathered,
     });

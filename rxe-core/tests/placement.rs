@@ -1,7 +1,8 @@
 //! What a driver needs from the engine to let a sender on the same host
 //! place an RDMA WRITE ONLY's payload itself (verbs-api with
 //! `local_link::place`): which packets are first transmissions
-//! (`Transmit::fresh`), and whether a responder would execute a WRITE
+//! (`Transmit::fresh`) with no work request waiting behind them
+//! (`Transmit::last_posted`), and whether a responder would execute a WRITE
 //! ONLY at its next PSN right now (`Engine::write_target`).
 
 use std::time::Duration;
@@ -58,6 +59,52 @@ fn psn(t: &Transmit) -> u32 {
 }
 
 #[test]
+fn a_packet_is_last_posted_only_while_no_work_request_waits_behind_it() {
+    let (mut n, a, b) = setup(&ConnectOpts::default());
+    let (x, _, x_rkey) = mr(&mut n, 1, b.pd, 256 << 10);
+    let (src, src_lkey, _) = mr(&mut n, 0, a.pd, 256 << 10);
+    let now = n.now();
+    // Alone: each WRITE's packets leave at its post, nothing behind.
+    n.node(0)
+        .post_send(now, a.qpn, write(1, (x, x_rkey), (src, src_lkey), 3000))
+        .unwrap();
+    let alone = n.take_transmits(0);
+    assert_eq!(alone.len(), 3);
+    assert!(alone.iter().all(|t| t.fresh && t.last_posted));
+    n.deliver_now(1, &alone);
+    let acks = n.take_transmits(1);
+    assert!(acks.iter().all(|t| !t.last_posted), "responses are not");
+    n.deliver_now(0, &acks);
+    assert_eq!(n.node(0).poll_cq(a.send_cq, 4).unwrap().len(), 1);
+    // 130 packets (path MTU 1024): 128 leave, as many as may be
+    // unacknowledged; a WRITE posted then waits behind the other 2.
+    let now = n.now();
+    n.node(0)
+        .post_send(
+            now,
+            a.qpn,
+            write(2, (x, x_rkey), (src, src_lkey), 130 * 1024),
+        )
+        .unwrap();
+    n.node(0)
+        .post_send(now, a.qpn, write(3, (x, x_rkey), (src, src_lkey), 8))
+        .unwrap();
+    let window = n.take_transmits(0);
+    assert_eq!(window.len(), 128);
+    assert!(window.iter().all(|t| t.fresh && t.last_posted));
+    n.deliver_now(1, &window);
+    let acks = n.take_transmits(1);
+    n.deliver_now(0, &acks);
+    let rest = n.take_transmits(0);
+    assert_eq!(rest.len(), 3, "the last 2 packets, then the 8-byte WRITE");
+    assert!(rest.iter().all(|t| t.fresh));
+    assert_eq!(
+        rest.iter().map(|t| t.last_posted).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+}
+
+#[test]
 fn only_a_request_packets_first_transmission_is_fresh() {
     let opts = ConnectOpts {
         psn_a: 0xff_fffe, // across the PSN wrap
@@ -89,7 +136,7 @@ fn only_a_request_packets_first_transmission_is_fresh() {
         [0xff_fffe, 0xff_ffff, 0, 1]
     );
     assert!(
-        again.iter().all(|t| !t.fresh),
+        again.iter().all(|t| !t.fresh && !t.last_posted),
         "retransmissions are not fresh"
     );
     // Delivered now; the ACK comes back; the responder's ACK is not fresh.

@@ -369,8 +369,14 @@ impl LocalLink {
         let Some(qpn) = dest_qpn(&t.payload) else {
             return crate::hostmem::push_gathered(inbox, self.slot, tos, t, icrc);
         };
-        let placeable =
-            place && t.fresh && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0;
+        // Only a packet of the last work request posted: in a stream the
+        // consumer's copy runs in parallel with the sender's work, and a
+        // sender that placed the messages it found the responder ready
+        // for did their copies alone (host ib_write_bw: 18% less).
+        let placeable = place
+            && t.fresh
+            && t.last_posted
+            && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0;
         let starts = matches!(
             op,
             Some(Opcode::RC_RDMA_WRITE_ONLY | Opcode::RC_RDMA_WRITE_FIRST)
