@@ -270,11 +270,9 @@ pub unsafe extern "C" fn post_send(
     // SAFETY: a live QP.
     let qpo = unsafe { qp(q) };
     let is_ud = qpo.ibv.qp_base.qp_type == 4;
-    while !wr.is_null() {
-        // SAFETY: the caller's WR chain.
-        let w = unsafe { &*wr };
-        // SAFETY: as above.
-        let r = unsafe { send_wr_from_c(w, is_ud) }.and_then(|mut s| {
+    let convert = |w: &ibv_send_wr| {
+        // SAFETY: the caller's WR.
+        unsafe { send_wr_from_c(w, is_ud) }.and_then(|mut s| {
             if is_ud && s.ud.is_none() {
                 debug(|| "ibv_post_send: a UD send needs wr.ud.ah".into());
                 return Err(libc::EINVAL);
@@ -282,20 +280,59 @@ pub unsafe extern "C" fn post_send(
             if !is_ud {
                 s.ud = None;
             }
+            Ok(s)
+        })
+    };
+    let fail = |at: *mut ibv_send_wr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: caller output.
+            unsafe { *bad = at };
+        }
+        e
+    };
+    if wr.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's WR chain.
+    let w = unsafe { &*wr };
+    if w.next.is_null() {
+        // One work request (the common case): no list to build.
+        return match convert(w).and_then(|s| {
             qpo.qp
                 .post_send(s)
                 .map_err(|e| crate::fail("ibv_post_send", &e))
-        });
-        if let Err(e) = r {
-            if !bad.is_null() {
-                // SAFETY: caller output.
-                unsafe { *bad = wr };
+        }) {
+            Ok(()) => 0,
+            Err(e) => fail(wr, e),
+        };
+    }
+    // A chain is queued whole before the requester runs, as kernel rxe's
+    // provider writes every WQE and then rings the doorbell once. Those
+    // before the first refused one (here or by the device) are posted.
+    let (mut chain, mut at) = (Vec::new(), Vec::new());
+    let mut wrong = None;
+    while !wr.is_null() {
+        // SAFETY: the caller's WR chain.
+        let w = unsafe { &*wr };
+        match convert(w) {
+            Ok(s) => {
+                chain.push(s);
+                at.push(wr);
             }
-            return e;
+            Err(e) => {
+                wrong = Some((wr, e));
+                break;
+            }
         }
         wr = w.next;
     }
-    0
+    if let Err((i, e)) = qpo.qp.post_send_list(chain) {
+        return fail(at[i], crate::fail("ibv_post_send", &e));
+    }
+    match wrong {
+        Some((p, e)) => fail(p, e),
+        None => 0,
+    }
 }
 
 /// # Safety
@@ -640,14 +677,14 @@ unsafe extern "C" fn wr_complete(q: *mut ibv_qp_ex) -> c_int {
         return e;
     }
     let is_ud = o.ibv.qp_base.qp_type == 4;
-    for w in wrs {
-        if is_ud && w.ud.is_none() && !w.op.is_local() {
-            debug(|| "ibv_wr_complete: a UD send needs ibv_wr_set_ud_addr".into());
-            return libc::EINVAL;
-        }
-        if let Err(e) = o.qp.post_send(w) {
-            return crate::fail("ibv_wr_complete", &e);
-        }
+    if is_ud && wrs.iter().any(|w| w.ud.is_none() && !w.op.is_local()) {
+        debug(|| "ibv_wr_complete: a UD send needs ibv_wr_set_ud_addr".into());
+        return libc::EINVAL;
+    }
+    // Queued whole before the requester runs, as kernel rxe's provider
+    // rings the doorbell once at ibv_wr_complete.
+    if let Err((_, e)) = o.qp.post_send_list(wrs) {
+        return crate::fail("ibv_wr_complete", &e);
     }
     // The engine copied inline data at post time.
     drop(inline);

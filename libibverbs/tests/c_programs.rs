@@ -20,7 +20,12 @@
 //! WRITEs reach a process that only watches memory, a forked child gets
 //! a private copy, a WRITE whose payload the target saw and deregistered
 //! on at once still succeeds, deregistration makes them private again,
-//! and nothing moves while the application has a second thread).
+//! and nothing moves while the application has a second thread), WRITEs
+//! of several packets placed into a process that watches memory
+//! (`tests/c/write_placed.c`), and chains given to one `ibv_post_send`
+//! (`tests/c/write_chain.c`: posted whole before their packets leave, so
+//! a WRITE with work behind it is never placed by its sender; a refused
+//! WR named in `bad_wr`, those before it sent).
 
 mod common;
 
@@ -61,6 +66,11 @@ fn registered_memory_in_shared_memory_from_c() {
 #[test]
 fn multi_packet_writes_into_a_process_that_watches_memory_from_c() {
     run_c("write_placed", "rxe0=127.0.95.6");
+}
+
+#[test]
+fn a_chain_is_posted_whole_and_only_its_last_write_may_be_placed_from_c() {
+    run_c("write_chain", "rxe0=127.0.95.7");
 }
 
 fn run_c(name: &str, device: &str) {

@@ -1843,17 +1843,58 @@ impl<M: Memory> Engine<M> {
     }
 
     fn post_send_inner(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
+        self.post_send_list_inner(now, qpn, std::iter::once(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Post a list of send work requests (`ibv_post_send`'s chain) as
+    /// kernel rxe does: every one is queued before the requester runs, so
+    /// the packets of each but the last are built with work waiting behind
+    /// them ([`Transmit::last_posted`] is false). Stops at the first that
+    /// is refused: the ones before it stay posted (and are sent), and the
+    /// error comes with its index in the list.
+    pub fn post_send_list(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        let r = self.post_send_list_inner(now, qpn, wrs);
+        self.reindex(qpn);
+        r
+    }
+
+    fn post_send_list_inner(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<(), (usize, Error)> {
         let qp = self
             .qps
             .get_mut(&qpn)
-            .ok_or_else(|| Error::NotFound(format!("QP {qpn:#x}")))?;
-        let wqe = validate_send(qp, &mut self.ctx, wr)?;
-        qp.sq.push_back(wqe);
-        match qp.state {
-            QpState::Err | QpState::Sqe => crate::req::flush_send_queue(qp, &mut self.ctx),
-            _ => crate::req::run(qp, &mut self.ctx, now),
+            .ok_or_else(|| (0, Error::NotFound(format!("QP {qpn:#x}"))))?;
+        let mut posted = 0;
+        let mut refused = None;
+        for wr in wrs {
+            match validate_send(qp, &mut self.ctx, wr) {
+                Ok(wqe) => {
+                    qp.sq.push_back(wqe);
+                    posted += 1;
+                }
+                Err(e) => {
+                    refused = Some((posted, e));
+                    break;
+                }
+            }
         }
-        Ok(())
+        if posted > 0 {
+            match qp.state {
+                QpState::Err | QpState::Sqe => crate::req::flush_send_queue(qp, &mut self.ctx),
+                _ => crate::req::run(qp, &mut self.ctx, now),
+            }
+        }
+        refused.map_or(Ok(()), Err)
     }
 
     /// Post a receive work request to a QP's own receive queue.

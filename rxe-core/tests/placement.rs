@@ -104,6 +104,64 @@ fn a_packet_is_last_posted_only_while_no_work_request_waits_behind_it() {
     );
 }
 
+/// A list of work requests (`ibv_post_send`'s chain, `ibv_wr_complete`)
+/// is queued whole before the requester runs, as kernel rxe queues one:
+/// the packets of every work request but the last are built with work
+/// behind them. A work request the engine refuses ends the list there:
+/// those before it are posted and sent, and the error names its index.
+#[test]
+fn a_posted_list_is_queued_whole_before_its_packets_leave() {
+    let (mut n, a, b) = setup(&ConnectOpts::default());
+    let (x, _, x_rkey) = mr(&mut n, 1, b.pd, 64 << 10);
+    let (src, src_lkey, _) = mr(&mut n, 0, a.pd, 64 << 10);
+    let (remote, local) = ((x, x_rkey), (src, src_lkey));
+    let now = n.now();
+    n.node(0)
+        .post_send_list(
+            now,
+            a.qpn,
+            [write(1, remote, local, 3000), write(2, remote, local, 8)],
+        )
+        .unwrap();
+    let sent = n.take_transmits(0);
+    assert_eq!(sent.len(), 4, "3 packets (path MTU 1024), then 1");
+    assert!(sent.iter().all(|t| t.fresh));
+    assert_eq!(
+        sent.iter().map(|t| t.last_posted).collect::<Vec<_>>(),
+        [false, false, false, true]
+    );
+    n.deliver_now(1, &sent);
+    let acks = n.take_transmits(1);
+    n.deliver_now(0, &acks);
+    let wcs = n.node(0).poll_cq(a.send_cq, 4).unwrap();
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1, 2]);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+
+    // The second of three has more SGEs than the QP allows.
+    let mut wide = write(4, remote, local, 8);
+    wide.sg_list = vec![wide.sg_list[0]; 1000];
+    let now = n.now();
+    let (at, err) = n
+        .node(0)
+        .post_send_list(
+            now,
+            a.qpn,
+            [write(3, remote, local, 8), wide, write(5, remote, local, 8)],
+        )
+        .unwrap_err();
+    assert_eq!(at, 1);
+    assert!(err.to_string().contains("max_send_sge"), "{err}");
+    let sent = n.take_transmits(0);
+    assert_eq!(sent.len(), 1, "the one before it");
+    assert!(sent[0].last_posted);
+    n.deliver_now(1, &sent);
+    let acks = n.take_transmits(1);
+    n.deliver_now(0, &acks);
+    let wcs = n.node(0).poll_cq(a.send_cq, 4).unwrap();
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [3]);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+}
+
 #[test]
 fn only_a_request_packets_first_transmission_is_fresh() {
     let opts = ConnectOpts {

@@ -939,6 +939,24 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Post a list of send work requests (`ibv_post_send`'s chain): all
+    /// are queued before any packet leaves, as kernel rxe queues a chain
+    /// and then runs its requester. Stops at the first that is refused;
+    /// the ones before it stay posted and are sent, and the error comes
+    /// with that work request's index in the list.
+    pub fn post_send_list(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        let now = self.dev.inner.note_app_post();
+        let mut e = self.dev.inner.lock();
+        let r = e
+            .post_send_list(now, self.qpn, wrs)
+            .map_err(|(i, err)| (i, err.into()));
+        self.dev.inner.flush(&mut e);
+        r
+    }
+
     /// `ibv_attach_mcast`: this UD QP receives the multicast group `gid`
     /// (an IPv4-mapped class D GID or an ff00::/8 GID; `lid` is unused on
     /// RoCE). The device starts receiving the group's address when its

@@ -1476,6 +1476,71 @@ fn a_write_only_to_another_slot_of_the_device_is_placed_by_its_sender() {
     assert_eq!(placed(&ask("STAT rxe0")), placed(&after) + 1);
 }
 
+/// A sender places only packets of the last work request posted
+/// (`Transmit::last_posted`; in a stream, the receiver's copies then run
+/// beside the sender's work), and a list posted at once
+/// (`QueuePair::post_send_list`, `ibv_post_send`'s chain) is queued whole
+/// before its packets leave. A WRITE ONLY posted alone is placed by A; at
+/// the head of a list, with another WRITE behind it, it is not: B's
+/// engine writes it. (The WRITE behind it could be placed only if B took
+/// the first one before A pushed the second: at most 1 per list.)
+#[test]
+fn a_sender_places_no_write_that_has_work_posted_behind_it() {
+    let d = Daemon::start("lastposted", "rxe0=127.0.21.27", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let a_slot = a.qp.qpn() >> 16;
+    let want = pattern(4096, 3);
+    let mut src = want.clone();
+    let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
+    let mut dst = vec![0u8; 4096];
+    let bmr = b.pd.reg_mr(&mut dst, ALL).unwrap();
+    let placed = || {
+        let s = emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+        slot_stat_value(&s, a_slot, "placed_writes")
+    };
+    let write = |id: u64, at: u64| {
+        SendWr::new(
+            id,
+            SendOp::RdmaWrite {
+                remote_addr: bmr.addr() + at,
+                rkey: bmr.rkey(),
+            },
+            vec![amr.sge(at, 64)],
+        )
+    };
+    let mut rounds = Vec::new();
+    for r in 0..8u64 {
+        let at = r * 192;
+        let before = placed();
+        a.qp.post_send(write(3 * r, at)).unwrap();
+        let wc = a.cq.wait(1, WAIT).unwrap();
+        assert_eq!(wc[0].status, WcStatus::Success);
+        let alone = placed() - before;
+        let before = placed();
+        a.qp.post_send_list([write(3 * r + 1, at + 64), write(3 * r + 2, at + 128)])
+            .unwrap();
+        let wcs = a.cq.wait(2, WAIT).unwrap();
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [
+                (3 * r + 1, WcStatus::Success),
+                (3 * r + 2, WcStatus::Success)
+            ]
+        );
+        rounds.push((alone, placed() - before));
+    }
+    let mut got = vec![0u8; 8 * 192];
+    bmr.read(0, &mut got).unwrap();
+    assert_eq!(got, want[..8 * 192]);
+    // (alone, listed) per round.
+    assert!(rounds.iter().any(|&(alone, _)| alone == 1), "{rounds:?}");
+    assert!(rounds.iter().all(|&(_, listed)| listed <= 1), "{rounds:?}");
+    assert!(rounds.iter().any(|&(_, listed)| listed == 0), "{rounds:?}");
+}
+
 /// A connected QP that goes to RTR with a QP of another process of its
 /// device opens that process's inbox then (`Inner::warm_path`, which also
 /// faults in the rings' first pages), not at its first message: each

@@ -1,0 +1,180 @@
+/* A sender places (local-link/src/place.rs) only packets of the last work
+ * request posted (rxe_core::Transmit::last_posted), and a chain given to
+ * one ibv_post_send is posted whole before its packets leave, as kernel
+ * rxe's provider writes every WQE and then rings the doorbell once.
+ *
+ * A writes 4-packet messages (path MTU 1024) into B's MR, whose pages are
+ * in shared memory, and reads its own placed_writes from the daemon's
+ * STAT after each:
+ * - a WRITE posted alone is placed (in at least one of the rounds: B's
+ *   responder must have published that it is ready);
+ * - the same WRITE at the head of a chain, with a 64-byte WRITE behind
+ *   it, is never placed: at most 1 packet of the chain is (the 64-byte
+ *   WRITE, if B took the first before A pushed it);
+ * - a chain whose second WR is refused (more SGEs than the QP allows)
+ *   posts the first, sends it, and names the second in bad_wr.
+ * B checks that every byte arrived. Prints "ALL OK" at the end. */
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define ROUNDS 8
+#define BIG 4096
+#define SMALL 64
+#define LEN (BIG + SMALL)
+
+/* `name`'s value on the STAT line of `slot` (the daemon's control
+ * socket, RXE_EMU_SOCKET: one request line, the reply until it closes). */
+static long stat_value(int slot, const char *name)
+{
+	const char *path = getenv("RXE_EMU_SOCKET");
+	CHECK(path, "RXE_EMU_SOCKET is not set");
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK(fd >= 0, "socket");
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s", path);
+	const char *q = "STAT rxe0\n";
+	CHECK(write(fd, q, strlen(q)) == (ssize_t)strlen(q), "write");
+	static char reply[1 << 16];
+	size_t n = 0;
+	ssize_t r;
+	while (n < sizeof(reply) - 1 && (r = read(fd, reply + n, sizeof(reply) - 1 - n)) > 0)
+		n += r;
+	close(fd);
+	reply[n] = 0;
+	char head[32];
+	snprintf(head, sizeof(head), "slot %d ", slot);
+	for (char *line = strtok(reply, "\n"); line; line = strtok(NULL, "\n")) {
+		while (*line == ' ')
+			line++;
+		if (strncmp(line, head, strlen(head)) != 0)
+			continue;
+		char want[64];
+		snprintf(want, sizeof(want), " %s ", name);
+		char *at = strstr(line, want);
+		CHECK(at, "no %s on slot %d's line: %s", name, slot, line);
+		return strtol(at + strlen(want), NULL, 10);
+	}
+	CHECK(0, "no slot %d in the STAT reply", slot);
+	return 0;
+}
+
+static unsigned char byte(long r, long j)
+{
+	return 0x80 | ((r * 7 + j) & 0x7f);
+}
+
+int main(void)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	struct side sd = two_processes();
+	int is_b = sd.is_b, in = sd.in, out = sd.out;
+	struct ibv_pd *pd = sd.pd;
+	struct ibv_cq *cq = sd.cq;
+	struct ibv_qp *qp = sd.qp;
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	long buf_len = 4 * pg;
+	unsigned char *buf = mmap(NULL, buf_len, PROT_READ | PROT_WRITE,
+				  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(buf != MAP_FAILED, "mmap");
+	memset(buf, 0x5a, buf_len);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, buf_len, acc);
+	CHECK(mr, "reg_mr");
+	struct peer_info peer = meet(&sd, mr->rkey, (uintptr_t)buf);
+	char c = 0;
+
+	if (is_b) {
+		/* Each round: A's two WRITEs (alone, then chained) end with
+		 * the bytes of the round. */
+		for (int r = 0; r < ROUNDS; r++) {
+			get(in, &c, 1);
+			for (long j = 0; j < LEN; j++)
+				CHECK(buf[j] == byte(r, j), "round %d: byte %ld is %#x, not %#x", r,
+				      j, buf[j], byte(r, j));
+			put(out, &c, 1);
+		}
+		get(in, &c, 1);
+		return 0;
+	}
+
+	int slot = qp->qp_num >> 16;
+	struct ibv_sge big = {.addr = (uintptr_t)buf, .length = BIG, .lkey = mr->lkey};
+	struct ibv_sge small = {.addr = (uintptr_t)buf + BIG, .length = SMALL, .lkey = mr->lkey};
+	struct ibv_send_wr w1 = {0}, w2 = {0}, *bad = NULL;
+	w1.wr_id = 1;
+	w1.sg_list = &big;
+	w1.num_sge = 1;
+	w1.opcode = IBV_WR_RDMA_WRITE;
+	w1.send_flags = IBV_SEND_SIGNALED;
+	w1.wr.rdma.rkey = peer.rkey;
+	w1.wr.rdma.remote_addr = peer.addr;
+	w2 = w1;
+	w2.wr_id = 2;
+	w2.sg_list = &small;
+	w2.wr.rdma.remote_addr = peer.addr + BIG;
+	long alone_placed[ROUNDS], chain_placed[ROUNDS];
+	int any_alone = 0;
+	for (int r = 0; r < ROUNDS; r++) {
+		/* Alone: the 4 packets, then the 64 bytes, each acknowledged
+		 * before the next. */
+		for (long j = 0; j < LEN; j++)
+			buf[j] = byte(r + 100, j);
+		long before = stat_value(slot, "placed_writes");
+		struct ibv_wc wc = rdma(qp, cq, IBV_WR_RDMA_WRITE, mr->lkey, (uintptr_t)buf, BIG,
+					peer.rkey, peer.addr);
+		CHECK(wc.status == IBV_WC_SUCCESS, "alone: %s", ibv_wc_status_str(wc.status));
+		alone_placed[r] = stat_value(slot, "placed_writes") - before;
+		any_alone |= alone_placed[r] > 0;
+		/* Chained: the same 4 packets with the 64 bytes behind them. */
+		for (long j = 0; j < LEN; j++)
+			buf[j] = byte(r, j);
+		before = stat_value(slot, "placed_writes");
+		w1.next = &w2;
+		w2.next = NULL;
+		EXPECT_RC(ibv_post_send(qp, &w1, &bad), 0);
+		for (int k = 1; k <= 2; k++) {
+			wc = poll1(cq);
+			CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)k,
+			      "chain: WR %llu %s", (unsigned long long)wc.wr_id,
+			      ibv_wc_status_str(wc.status));
+		}
+		chain_placed[r] = stat_value(slot, "placed_writes") - before;
+		put(out, &c, 1);
+		get(in, &c, 1); /* B has the round's bytes */
+	}
+	for (int r = 0; r < ROUNDS; r++)
+		printf("round %d: placed alone %ld, chained %ld\n", r, alone_placed[r],
+		       chain_placed[r]);
+	CHECK(any_alone, "no WRITE posted alone was placed: nothing here tests the chain");
+	for (int r = 0; r < ROUNDS; r++)
+		CHECK(chain_placed[r] <= 1, "round %d: %ld packets of the chain were placed", r,
+		      chain_placed[r]);
+
+	/* A chain whose second WR is refused: the first is posted and
+	 * completes; bad_wr names the second. */
+	struct ibv_sge many[2] = {big, small};
+	struct ibv_send_wr wide = w2;
+	wide.wr_id = 3;
+	wide.sg_list = many;
+	wide.num_sge = 2; /* the QP allows 1 */
+	w1.next = &wide;
+	wide.next = NULL;
+	bad = NULL;
+	CHECK(ibv_post_send(qp, &w1, &bad) != 0, "a WR of 2 SGEs on a QP of max_send_sge 1");
+	CHECK(bad == &wide, "bad_wr is not the refused WR");
+	struct ibv_wc wc = poll1(cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 1, "the WR before it: %llu %s",
+	      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+	put(out, &c, 1);
+	int status = 0;
+	CHECK(waitpid(sd.b_pid, &status, 0) == sd.b_pid, "waitpid");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "B failed (status %d)", status);
+	printf("ALL OK\n");
+	return 0;
+}
