@@ -23,9 +23,11 @@
 //! and nothing moves while the application has a second thread), WRITEs
 //! of several packets placed into a process that watches memory
 //! (`tests/c/write_placed.c`), and chains given to one `ibv_post_send`
-//! (`tests/c/write_chain.c`: posted whole before their packets leave, so
-//! a WRITE with work behind it is never placed by its sender; a refused
-//! WR named in `bad_wr`, those before it sent).
+//! and `ibv_wr_*` batches (`tests/c/write_chain.c`: posted whole before
+//! their packets leave, so a WRITE with work behind it is never placed by
+//! its sender; a refused WR named in `bad_wr`, those before it sent).
+//! `wr_inline.c` also checks that a UD batch with a send lacking an
+//! address fails whole (EINVAL, nothing sent).
 
 mod common;
 

@@ -1837,13 +1837,7 @@ impl<M: Memory> Engine<M> {
 
     /// Post a send work request.
     pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
-        let r = self.post_send_inner(now, qpn, wr);
-        self.reindex(qpn);
-        r
-    }
-
-    fn post_send_inner(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<()> {
-        self.post_send_list_inner(now, qpn, std::iter::once(wr))
+        self.post_send_list(now, qpn, std::iter::once(wr))
             .map_err(|(_, e)| e)
     }
 

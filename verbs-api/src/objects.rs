@@ -932,11 +932,7 @@ impl QueuePair {
 
     /// Post a send work request; its packets leave at once.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        let now = self.dev.inner.note_app_post();
-        let mut e = self.dev.inner.lock();
-        e.post_send(now, self.qpn, wr)?;
-        self.dev.inner.flush(&mut e);
-        Ok(())
+        self.post_send_list(std::iter::once(wr)).map_err(|(_, e)| e)
     }
 
     /// Post a list of send work requests (`ibv_post_send`'s chain): all

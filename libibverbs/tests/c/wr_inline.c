@@ -2,7 +2,8 @@
  * max_send_sge = 1, as the rxe provider handles them: a list of buffers is
  * inline data (bounded by max_inline_data, not by max_send_sge), too much
  * of it or too many SGEs fail ibv_wr_complete with ENOSPC, and
- * ibv_post_send keeps its own rules (EINVAL). Prints "FAIL ..." and exits 1
+ * ibv_post_send keeps its own rules (EINVAL); a UD batch with a send
+ * that has no address fails whole with EINVAL. Prints "FAIL ..." and exits 1
  * on the first surprise, "ALL OK" at the end. */
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -166,11 +167,48 @@ int main(void)
 	wc = poll1(cq);
 	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7, "post_send inline write");
 
+	/* A UD batch in which one send lacks ibv_wr_set_ud_addr: EINVAL at
+	 * ibv_wr_complete, and none of the batch is posted (the one with an
+	 * address before it neither), as a batch fails whole. */
+	struct ibv_qp_init_attr_ex ua = qa;
+	ua.qp_type = IBV_QPT_UD;
+	ua.cap.max_inline_data = 0;
+	ua.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	struct ibv_qp *u = ibv_create_qp_ex(ctx, &ua);
+	CHECK(u, "create_qp_ex ud");
+	struct ibv_qp_attr ux = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = 0x11};
+	EXPECT_RC(ibv_modify_qp(u, &ux, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					IBV_QP_QKEY),
+		  0);
+	ux.qp_state = IBV_QPS_RTR;
+	EXPECT_RC(ibv_modify_qp(u, &ux, IBV_QP_STATE), 0);
+	ux.qp_state = IBV_QPS_RTS;
+	ux.sq_psn = 1;
+	EXPECT_RC(ibv_modify_qp(u, &ux, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+	struct ibv_ah_attr aa = {.is_global = 1, .port_num = 1,
+				 .grh = {.dgid = gid, .sgid_index = 1, .hop_limit = 1}};
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	CHECK(ah, "create_ah");
+	struct ibv_qp_ex *ux_ = ibv_qp_to_qp_ex(u);
+	CHECK(ux_, "qp_to_qp_ex ud");
+	ibv_wr_start(ux_);
+	ux_->wr_id = 20;
+	ux_->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(ux_);
+	ibv_wr_set_sge(ux_, smr->lkey, (uintptr_t)src, 8);
+	ibv_wr_set_ud_addr(ux_, ah, u->qp_num, 0x11);
+	ux_->wr_id = 21;
+	ibv_wr_send(ux_);
+	ibv_wr_set_sge(ux_, smr->lkey, (uintptr_t)src, 8);
+	EXPECT_RC(ibv_wr_complete(ux_), EINVAL);
+
 	/* Nothing refused above reached the wire: no other completion. */
 	for (int i = 0; i < 1000; i++)
 		CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "stray completion wr_id %llu",
 		      (unsigned long long)wc.wr_id);
 
+	ibv_destroy_qp(u);
+	ibv_destroy_ah(ah);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_dereg_mr(smr);

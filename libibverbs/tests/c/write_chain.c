@@ -11,6 +11,9 @@
  * - the same WRITE at the head of a chain, with a 64-byte WRITE behind
  *   it, is never placed: at most 1 packet of the chain is (the 64-byte
  *   WRITE, if B took the first before A pushed it);
+ * - so too in an ibv_wr_start ... ibv_wr_complete batch (on a second QP,
+ *   created with ibv_create_qp_ex), which is posted whole at
+ *   ibv_wr_complete;
  * - a chain whose second WR is refused (more SGEs than the QP allows)
  *   posts the first, sends it, and names the second in bad_wr.
  * B checks that every byte arrived. Prints "ALL OK" at the end. */
@@ -24,6 +27,7 @@
 #include "testutil.h"
 
 #define ROUNDS 8
+#define WR_ROUNDS 4
 #define BIG 4096
 #define SMALL 64
 #define LEN (BIG + SMALL)
@@ -88,11 +92,30 @@ int main(void)
 	CHECK(mr, "reg_mr");
 	struct peer_info peer = meet(&sd, mr->rkey, (uintptr_t)buf);
 	char c = 0;
+	/* A second QP each, connected to each other: A's through the
+	 * ibv_wr_* API. */
+	struct ibv_qp_init_attr_ex qa = {0};
+	qa.send_cq = qa.recv_cq = cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qa.pd = pd;
+	qa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE;
+	struct ibv_qp *qp2 = ibv_create_qp_ex(sd.ctx, &qa);
+	CHECK(qp2, "create_qp_ex");
+	uint32_t qpn2 = qp2->qp_num, peer_qpn2 = 0;
+	put(out, &qpn2, sizeof(qpn2));
+	get(in, &peer_qpn2, sizeof(peer_qpn2));
+	union ibv_gid gid = sd.gid;
+	connect_qp(qp2, peer_qpn2, &gid);
+	put(out, &c, 1);
+	get(in, &c, 1);
 
 	if (is_b) {
 		/* Each round: A's two WRITEs (alone, then chained) end with
 		 * the bytes of the round. */
-		for (int r = 0; r < ROUNDS; r++) {
+		for (int r = 0; r < ROUNDS + WR_ROUNDS; r++) {
 			get(in, &c, 1);
 			for (long j = 0; j < LEN; j++)
 				CHECK(buf[j] == byte(r, j), "round %d: byte %ld is %#x, not %#x", r,
@@ -155,6 +178,45 @@ int main(void)
 	for (int r = 0; r < ROUNDS; r++)
 		CHECK(chain_placed[r] <= 1, "round %d: %ld packets of the chain were placed", r,
 		      chain_placed[r]);
+
+	/* The same through an ibv_wr_* batch on the second QP. */
+	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(qp2);
+	CHECK(x, "qp_to_qp_ex");
+	int any_alone2 = 0;
+	for (int r = ROUNDS; r < ROUNDS + WR_ROUNDS; r++) {
+		for (long j = 0; j < LEN; j++)
+			buf[j] = byte(r + 100, j);
+		long before = stat_value(slot, "placed_writes");
+		struct ibv_wc wc = rdma(qp2, cq, IBV_WR_RDMA_WRITE, mr->lkey, (uintptr_t)buf, BIG,
+					peer.rkey, peer.addr);
+		CHECK(wc.status == IBV_WC_SUCCESS, "alone: %s", ibv_wc_status_str(wc.status));
+		any_alone2 |= stat_value(slot, "placed_writes") - before > 0;
+		for (long j = 0; j < LEN; j++)
+			buf[j] = byte(r, j);
+		before = stat_value(slot, "placed_writes");
+		ibv_wr_start(x);
+		x->wr_id = 1;
+		x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(x, peer.rkey, peer.addr);
+		ibv_wr_set_sge(x, mr->lkey, (uintptr_t)buf, BIG);
+		x->wr_id = 2;
+		x->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(x, peer.rkey, peer.addr + BIG);
+		ibv_wr_set_sge(x, mr->lkey, (uintptr_t)buf + BIG, SMALL);
+		EXPECT_RC(ibv_wr_complete(x), 0);
+		for (int k = 1; k <= 2; k++) {
+			wc = poll1(cq);
+			CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)k,
+			      "batch: WR %llu %s", (unsigned long long)wc.wr_id,
+			      ibv_wc_status_str(wc.status));
+		}
+		long placed = stat_value(slot, "placed_writes") - before;
+		printf("batch round %d: placed %ld\n", r, placed);
+		CHECK(placed <= 1, "round %d: %ld packets of the batch were placed", r, placed);
+		put(out, &c, 1);
+		get(in, &c, 1); /* B has the round's bytes */
+	}
+	CHECK(any_alone2, "no WRITE posted alone on the second QP was placed");
 
 	/* A chain whose second WR is refused: the first is posted and
 	 * completes; bad_wr names the second. */
