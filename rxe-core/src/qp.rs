@@ -391,6 +391,17 @@ impl Qp {
         self.started_retry = false;
     }
 
+    /// Whether another READ/atomic/ATOMIC WRITE may start: fewer than
+    /// `max_rd_atomic` of them in flight.
+    pub fn rd_atomic_room(&self) -> bool {
+        let max = u32::from(self.attr.max_rd_atomic);
+        // Fewer WQEs started than the bound: no need to count them. The
+        // requester asks at each response while READs wait behind the
+        // ones in flight; a scan of the started WQEs each time was 3% of
+        // host ib_read_bw's requester (perf, 2026-11-29).
+        (self.req_idx as u32) < max || self.rd_atomic_in_flight() < max
+    }
+
     /// Count of READ/atomic/ATOMIC WRITE WQEs sent and not yet completed:
     /// they hold responder resources at the peer, bounded by `max_rd_atomic`.
     pub fn rd_atomic_in_flight(&self) -> u32 {

@@ -96,7 +96,7 @@ pub(crate) fn run<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Instant) {
                     complete_from_head(qp, ctx);
                     break;
                 }
-                if qp.rd_atomic_in_flight() >= u32::from(qp.attr.max_rd_atomic) {
+                if !qp.rd_atomic_room() {
                     break;
                 }
             }
