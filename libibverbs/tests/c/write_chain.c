@@ -74,6 +74,35 @@ static unsigned char byte(long r, long j)
 	return 0x80 | ((r * 7 + j) & 0x7f);
 }
 
+/* Round `r`'s bytes into buf[0..LEN). */
+static void fill(unsigned char *buf, long r)
+{
+	for (long j = 0; j < LEN; j++)
+		buf[j] = byte(r, j);
+}
+
+/* A 4-packet WRITE of buf[0..BIG) to `peer_addr`, posted alone on `qp`
+ * and acknowledged: how many packets the sender placed. */
+static long write_alone(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *mr,
+			unsigned char *buf, uint32_t rkey, uint64_t peer_addr, int slot)
+{
+	long before = stat_value(slot, "placed_writes");
+	struct ibv_wc wc =
+		rdma(qp, cq, IBV_WR_RDMA_WRITE, mr->lkey, (uintptr_t)buf, BIG, rkey, peer_addr);
+	CHECK(wc.status == IBV_WC_SUCCESS, "alone: %s", ibv_wc_status_str(wc.status));
+	return stat_value(slot, "placed_writes") - before;
+}
+
+/* The completions of WRs 1 and 2, in order, both successful. */
+static void poll_two(struct ibv_cq *cq, const char *what)
+{
+	for (int k = 1; k <= 2; k++) {
+		struct ibv_wc wc = poll1(cq);
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)k, "%s: WR %llu %s",
+		      what, (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+	}
+}
+
 int main(void)
 {
 	long pg = sysconf(_SC_PAGESIZE);
@@ -146,27 +175,16 @@ int main(void)
 	for (int r = 0; r < ROUNDS; r++) {
 		/* Alone: the 4 packets, then the 64 bytes, each acknowledged
 		 * before the next. */
-		for (long j = 0; j < LEN; j++)
-			buf[j] = byte(r + 100, j);
-		long before = stat_value(slot, "placed_writes");
-		struct ibv_wc wc = rdma(qp, cq, IBV_WR_RDMA_WRITE, mr->lkey, (uintptr_t)buf, BIG,
-					peer.rkey, peer.addr);
-		CHECK(wc.status == IBV_WC_SUCCESS, "alone: %s", ibv_wc_status_str(wc.status));
-		alone_placed[r] = stat_value(slot, "placed_writes") - before;
+		fill(buf, r + 100);
+		alone_placed[r] = write_alone(qp, cq, mr, buf, peer.rkey, peer.addr, slot);
 		any_alone |= alone_placed[r] > 0;
 		/* Chained: the same 4 packets with the 64 bytes behind them. */
-		for (long j = 0; j < LEN; j++)
-			buf[j] = byte(r, j);
-		before = stat_value(slot, "placed_writes");
+		fill(buf, r);
+		long before = stat_value(slot, "placed_writes");
 		w1.next = &w2;
 		w2.next = NULL;
 		EXPECT_RC(ibv_post_send(qp, &w1, &bad), 0);
-		for (int k = 1; k <= 2; k++) {
-			wc = poll1(cq);
-			CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)k,
-			      "chain: WR %llu %s", (unsigned long long)wc.wr_id,
-			      ibv_wc_status_str(wc.status));
-		}
+		poll_two(cq, "chain");
 		chain_placed[r] = stat_value(slot, "placed_writes") - before;
 		put(out, &c, 1);
 		get(in, &c, 1); /* B has the round's bytes */
@@ -184,16 +202,10 @@ int main(void)
 	CHECK(x, "qp_to_qp_ex");
 	int any_alone2 = 0;
 	for (int r = ROUNDS; r < ROUNDS + WR_ROUNDS; r++) {
-		for (long j = 0; j < LEN; j++)
-			buf[j] = byte(r + 100, j);
+		fill(buf, r + 100);
+		any_alone2 |= write_alone(qp2, cq, mr, buf, peer.rkey, peer.addr, slot) > 0;
+		fill(buf, r);
 		long before = stat_value(slot, "placed_writes");
-		struct ibv_wc wc = rdma(qp2, cq, IBV_WR_RDMA_WRITE, mr->lkey, (uintptr_t)buf, BIG,
-					peer.rkey, peer.addr);
-		CHECK(wc.status == IBV_WC_SUCCESS, "alone: %s", ibv_wc_status_str(wc.status));
-		any_alone2 |= stat_value(slot, "placed_writes") - before > 0;
-		for (long j = 0; j < LEN; j++)
-			buf[j] = byte(r, j);
-		before = stat_value(slot, "placed_writes");
 		ibv_wr_start(x);
 		x->wr_id = 1;
 		x->wr_flags = IBV_SEND_SIGNALED;
@@ -204,12 +216,7 @@ int main(void)
 		ibv_wr_rdma_write(x, peer.rkey, peer.addr + BIG);
 		ibv_wr_set_sge(x, mr->lkey, (uintptr_t)buf + BIG, SMALL);
 		EXPECT_RC(ibv_wr_complete(x), 0);
-		for (int k = 1; k <= 2; k++) {
-			wc = poll1(cq);
-			CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)k,
-			      "batch: WR %llu %s", (unsigned long long)wc.wr_id,
-			      ibv_wc_status_str(wc.status));
-		}
+		poll_two(cq, "batch");
 		long placed = stat_value(slot, "placed_writes") - before;
 		printf("batch round %d: placed %ld\n", r, placed);
 		CHECK(placed <= 1, "round %d: %ld packets of the batch were placed", r, placed);
