@@ -77,7 +77,7 @@ pub const DEFAULT_RING_SIZE: usize = 4 << 20;
 /// The largest datagram an inbox carries (a UDP payload's limit).
 pub const MAX_DATAGRAM: usize = 65507;
 
-const MAGIC: u64 = 0x7278_655f_6c6c_0003; // "rxe_ll", layout 3
+const MAGIC: u64 = 0x7278_655f_6c6c_0004; // "rxe_ll", layout 4
 const PAGE: usize = 4096;
 const CTRL: usize = 256;
 const OFF_RINGS: usize = 8;
@@ -86,6 +86,8 @@ const OFF_CLOSED: usize = 64;
 const OFF_SLEEPING: usize = 128;
 const OFF_ACTIVE: usize = 192;
 const OFF_LAST_POLL: usize = 320;
+/// The consumer's READ epoch ([`Inbox::end_read_hints`]).
+pub(crate) const OFF_READ_EPOCH: usize = 384;
 
 /// How long after its application's last poll an awake consumer is taken
 /// to have stopped polling: producers then kick it too (see
@@ -95,6 +97,11 @@ const REC: usize = 8;
 /// Record flag: the datagram's payload is not in the record (its sender
 /// placed it; see [`Inbox::place_and_push`]).
 const ELIDED: u8 = 8;
+/// Record flag: a READ request's record carries where its responses may
+/// be placed ([`ReadHint`], after the placed address if any).
+const HINTED: u8 = 16;
+/// Bytes of a [`ReadHint`] in a record.
+const HINT_LEN: usize = 48;
 /// A producer that finds its ring empty this far into a lap starts the
 /// next lap (as at the end of the ring). A conversation of small messages
 /// then stays in the ring's first pages instead of walking its 4 MiB, each
@@ -246,6 +253,7 @@ fn record_body(
     lead: usize,
     placed: bool,
     elide: Option<(usize, usize)>,
+    hinted: bool,
 ) -> Option<usize> {
     if len > MAX_DATAGRAM || lead >= ALIGN {
         return None;
@@ -257,7 +265,58 @@ fn record_body(
         }
         Some(_) => return None,
     };
-    Some(pad8(kept) + if placed { 8 } else { 0 })
+    Some(pad8(kept) + if placed { 8 } else { 0 } + if hinted { HINT_LEN } else { 0 })
+}
+
+/// Where the responses to a READ request may be written by their
+/// responder, if it is a process of this host (the requester's memory,
+/// in shared pages; see `place`): the READ's destination, one range of
+/// one MR the requester's engine checked for local write access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadHint {
+    /// The destination's first byte in the requester's address space.
+    pub host: u64,
+    /// Its length: the READ's.
+    pub len: u64,
+    /// The memfd that holds the destination's pages, `off` being where
+    /// `host` lies in it.
+    pub pages: SharedPages,
+    /// The requester's path MTU: the response at the READ's PSN + k
+    /// carries bytes `k * mtu..` (a full `mtu` but for the last).
+    pub mtu: u32,
+    /// The requester's READ epoch when it asked ([`Inbox::read_epoch`]):
+    /// nothing is placed once it moved on.
+    pub epoch: u64,
+}
+
+impl ReadHint {
+    fn to_bytes(self) -> [u8; HINT_LEN] {
+        let mut b = [0u8; HINT_LEN];
+        b[..8].copy_from_slice(&self.host.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.pages.fd.to_le_bytes());
+        b[20..24].copy_from_slice(&self.mtu.to_le_bytes());
+        b[24..32].copy_from_slice(&self.pages.ino.to_le_bytes());
+        b[32..40].copy_from_slice(&self.pages.off.to_le_bytes());
+        b[40..48].copy_from_slice(&self.epoch.to_le_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8; HINT_LEN]) -> ReadHint {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        ReadHint {
+            host: u64_at(0),
+            len: u64_at(8),
+            pages: SharedPages {
+                fd: u32_at(16) as i32,
+                ino: u64_at(24),
+                off: u64_at(32),
+            },
+            mtu: u32_at(20),
+            epoch: u64_at(40),
+        }
+    }
 }
 
 /// A datagram taken out of an inbox.
@@ -281,6 +340,9 @@ pub struct Popped {
     pub elided: Option<(usize, usize)>,
     /// What the sender said of its ICRC ([`Inbox::push_with`]).
     pub icrc: Icrc,
+    /// Where a READ request's responses may be placed
+    /// ([`Inbox::push_hinted`]).
+    pub hint: Option<ReadHint>,
     /// Where in the caller's buffer the datagram starts: 0, unless
     /// [`Inbox::pop_aligned`] put it elsewhere.
     pub at: usize,
@@ -369,6 +431,21 @@ pub(crate) struct Gap {
     len: usize,
 }
 
+/// What a record says besides its datagram ([`Inbox::push_record`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Extra<'a> {
+    /// The address its payload was written at (placed).
+    placed: Option<u64>,
+    /// Its payload's offset and length, left out of the record (only
+    /// with `placed`).
+    elide: Option<(usize, usize)>,
+    /// Its bytes there taken from where it says ([`Inbox::push_gathered`],
+    /// whose caller vouches for them; never with `elide`).
+    gap: Option<Gap>,
+    /// Where a READ request's responses may be placed.
+    hint: Option<&'a ReadHint>,
+}
+
 impl Inbox {
     /// Map an inbox from the fds the daemon handed over, checking that it
     /// is one (magic, a layout that fits the file).
@@ -444,16 +521,7 @@ impl Inbox {
         tos: u8,
         datagram: &[u8],
     ) -> Result<(), PushError> {
-        self.push_record(
-            ring,
-            src_port,
-            tos,
-            datagram,
-            None,
-            None,
-            Icrc::Unchecked,
-            None,
-        )
+        self.push_with(ring, src_port, tos, datagram, Icrc::Unchecked)
     }
 
     /// Producer: as [`Inbox::push`], saying what `icrc` says of the
@@ -466,7 +534,27 @@ impl Inbox {
         datagram: &[u8],
         icrc: Icrc,
     ) -> Result<(), PushError> {
-        self.push_record(ring, src_port, tos, datagram, None, None, icrc, None)
+        self.push_record(ring, src_port, tos, datagram, icrc, Extra::default())
+    }
+
+    /// Producer: as [`Inbox::push_with`], for a READ request whose
+    /// responses may be placed where `hint` says
+    /// ([`Inbox::place_read_and_push`]).
+    pub fn push_hinted(
+        &self,
+        ring: usize,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+        icrc: Icrc,
+        hint: &ReadHint,
+    ) -> Result<(), PushError> {
+        let hint = Some(hint);
+        let extra = Extra {
+            hint,
+            ..Extra::default()
+        };
+        self.push_record(ring, src_port, tos, datagram, icrc, extra)
     }
 
     /// Producer: as [`Inbox::push_with`], for a datagram whose bytes
@@ -491,31 +579,34 @@ impl Inbox {
         if at.checked_add(len).is_none_or(|end| end > datagram.len()) {
             return Err(PushError::Invalid);
         }
-        let gap = Gap {
+        let gap = Some(Gap {
             at,
             src: payload,
             len,
+        });
+        let extra = Extra {
+            gap,
+            ..Extra::default()
         };
-        self.push_record(ring, src_port, tos, datagram, None, None, icrc, Some(gap))
+        self.push_record(ring, src_port, tos, datagram, icrc, extra)
     }
 
-    /// Append a record of `datagram`; with `placed` the address its
-    /// payload was written at, and with `elide` (its payload's offset and
-    /// length, only with `placed`) without those bytes; with `gap` its
-    /// bytes there taken from where it says ([`Inbox::push_gathered`],
-    /// whose caller vouches for them; never with `elide`).
-    #[allow(clippy::too_many_arguments)]
+    /// Append a record of `datagram`, with what `extra` says of it.
     pub(crate) fn push_record(
         &self,
         ring: usize,
         src_port: u16,
         tos: u8,
         datagram: &[u8],
-        placed: Option<u64>,
-        elide: Option<(usize, usize)>,
         icrc: Icrc,
-        gap: Option<Gap>,
+        extra: Extra<'_>,
     ) -> Result<(), PushError> {
+        let Extra {
+            placed,
+            elide,
+            gap,
+            hint,
+        } = extra;
         if self.is_closed() {
             return Err(PushError::Closed);
         }
@@ -527,7 +618,13 @@ impl Inbox {
         // asked for, and the record then takes what it needs).
         let align = gap.map(|g| g.at);
         let most = if align.is_some() { ALIGN - 1 } else { 0 };
-        let body = record_body(datagram.len(), most, placed.is_some(), elide);
+        let body = record_body(
+            datagram.len(),
+            most,
+            placed.is_some(),
+            elide,
+            hint.is_some(),
+        );
         let Room {
             tail,
             skip,
@@ -552,7 +649,7 @@ impl Inbox {
         let lead = align.map_or(0, |a| (ALIGN - (off + REC + a) % ALIGN) % ALIGN);
         if align.is_some() {
             // (Some: `room` took the largest lead.)
-            need = record_body(datagram.len(), lead, placed.is_some(), None)
+            need = record_body(datagram.len(), lead, placed.is_some(), None, hint.is_some())
                 .map_or(need, |b| (REC + b) as u64);
         }
         let mut hdr = [0u8; REC];
@@ -560,8 +657,10 @@ impl Inbox {
             .copy_from_slice(&(datagram.len() as u32 | (lead as u32) << LEAD_SHIFT).to_le_bytes());
         hdr[4..6].copy_from_slice(&src_port.to_le_bytes());
         hdr[6] = tos;
-        hdr[7] =
-            u8::from(placed.is_some()) | icrc.flags() | if elide.is_some() { ELIDED } else { 0 };
+        hdr[7] = u8::from(placed.is_some())
+            | icrc.flags()
+            | if elide.is_some() { ELIDED } else { 0 }
+            | if hint.is_some() { HINTED } else { 0 };
         self.map.write(base + off, &hdr);
         // What the record carries of the datagram: all of it, or (elided)
         // a word with the payload's offset and length, the bytes before
@@ -593,9 +692,13 @@ impl Inbox {
                 8 + datagram.len() - n
             }
         };
+        let mut end = base + off + REC + pad8(kept);
         if let Some(at) = placed {
-            self.map
-                .write(base + off + REC + pad8(kept), &at.to_le_bytes());
+            self.map.write(end, &at.to_le_bytes());
+            end += 8;
+        }
+        if let Some(h) = hint {
+            self.map.write(end, &h.to_bytes());
         }
         // Release publishes the record. The store-load order that kicks
         // need (this tail before the consumer's sleep word is read) is
@@ -661,7 +764,9 @@ impl Inbox {
     /// Producer: whether a record of a `len`-byte datagram with a placed
     /// address fits in ring `ring` now.
     pub(crate) fn has_room_placed(&self, ring: usize, len: usize) -> Result<bool, PushError> {
-        Ok(self.room(ring, record_body(len, 0, true, None))?.fits)
+        Ok(self
+            .room(ring, record_body(len, 0, true, None, false))?
+            .fits)
     }
 
     /// Producer: wake the consumer if it sleeps, or if its application
@@ -832,7 +937,8 @@ impl Inbox {
             } else {
                 None
             };
-            let need = record_body(len, lead, placed, elided).map(|b| (REC + b) as u64);
+            let hinted = hdr[7] & HINTED != 0;
+            let need = record_body(len, lead, placed, elided, hinted).map(|b| (REC + b) as u64);
             let Some(need) = need.filter(|&need| {
                 len <= buf.len()
                     && off as u64 + need <= size
@@ -864,10 +970,17 @@ impl Inbox {
                     8 + len - n
                 }
             };
+            let mut end = base + body + pad8(kept);
             let placed = placed.then(|| {
                 let mut a = [0u8; 8];
-                self.map.read(base + body + pad8(kept), &mut a);
+                self.map.read(end, &mut a);
+                end += 8;
                 u64::from_le_bytes(a)
+            });
+            let hint = hinted.then(|| {
+                let mut h = [0u8; HINT_LEN];
+                self.map.read(end, &mut h);
+                ReadHint::from_bytes(&h)
             });
             let src_port = u16::from_le_bytes([hdr[4], hdr[5]]);
             // Release: the record was read before the producer may reuse
@@ -884,6 +997,7 @@ impl Inbox {
                 elided,
                 icrc,
                 at,
+                hint,
             });
         }
     }

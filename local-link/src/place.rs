@@ -41,6 +41,19 @@
 //! unplaced: it places only packets of the last work request posted,
 //! `rxe_core::Transmit::last_posted`.)
 //!
+//! **READ responses** are placed the other way round: by the responder,
+//! into the requester, as kernel rxe's loopback runs the requester's
+//! completer in the responder's context. The requester (the consumer of
+//! the responses) names the destination in the READ request's record
+//! ([`crate::ReadHint`], [`Inbox::push_hinted`]): where it lies in its
+//! shared pages, the path MTU, and its READ epoch. The responder's driver
+//! keeps it for a request its engine takes as new and places each
+//! response once, in order ([`Inbox::place_read_and_push`]), only into
+//! those pages, and only while the requester's epoch is the hint's. The
+//! requester moves its epoch on ([`Inbox::end_read_hints`], which waits
+//! for placements in flight as [`Inbox::unpublish_mr`] does) before
+//! anything but a READ's own responses can end it or take its memory.
+//!
 //! **Deregistration.** A consumer must not let its memory go while a
 //! sender writes into it. Each ring's control block has a `placing`
 //! counter that its producer makes odd for the duration of a placement
@@ -433,9 +446,40 @@ impl Inbox {
         p: &Placement<'_>,
         icrc: crate::Icrc,
     ) -> Result<Result<u64, PlaceError>, PushError> {
-        // Room for the whole record, which is what goes when the payload
-        // is not placed after all.
-        if !self.has_room_placed(ring, datagram.len())? {
+        self.placing(ring, datagram.len(), || {
+            let placed = self.place_checked(p);
+            let at = placed.as_ref().ok().copied();
+            let extra = crate::Extra {
+                placed: at,
+                elide: p.elide.filter(|_| at.is_some()),
+                ..crate::Extra::default()
+            };
+            (
+                placed,
+                self.push_record(ring, src_port, tos, datagram, icrc, extra),
+            )
+        })
+    }
+
+    /// Producer: with room in ring `ring` for a `len`-byte datagram's
+    /// whole record (what goes when its payload is not placed after all),
+    /// run `place_and_push` (a placement and the push of its packet) with
+    /// the ring's `placing` counter odd. Odd: a consumer that withdraws an
+    /// MR (or placement, or its READ hints) from here on waits for us;
+    /// everything we decide on is read after this. It stays odd until the
+    /// packet is in the ring, so that a consumer whose withdrawal returned
+    /// finds the packet of every placement into that MR in its inbox, and
+    /// can have its engine take them while the MR is still registered
+    /// (its application may see the payload, and deregister, before its
+    /// engine has read the packet: kernel rxe's responder has checked the
+    /// rkey before the payload is written, so the WRITE succeeds).
+    fn placing(
+        &self,
+        ring: usize,
+        len: usize,
+        place_and_push: impl FnOnce() -> (Result<u64, PlaceError>, Result<(), PushError>),
+    ) -> Result<Result<u64, PlaceError>, PushError> {
+        if !self.has_room_placed(ring, len)? {
             return Err(PushError::Full);
         }
         if self.is_closed() {
@@ -448,33 +492,134 @@ impl Inbox {
             pid_word.store(me, SeqCst);
         }
         let placing = self.map.u64_at(ctrl + CTRL_PLACING);
-        // Odd: a consumer that withdraws an MR (or placement) from here on
-        // waits for us; everything we decide on is read after this. It
-        // stays odd until the packet is in the ring, so that a consumer
-        // whose withdrawal returned finds the packet of every placement
-        // into that MR in its inbox, and can have its engine take them
-        // while the MR is still registered (its application may see the
-        // payload, and deregister, before its engine has read the
-        // packet: kernel rxe's responder has checked the rkey before the
-        // payload is written, so the WRITE succeeds).
         let before = placing.load(Relaxed);
         placing.store(before | 1, SeqCst);
         fence(SeqCst);
-        let placed = self.place_checked(p);
-        let at = placed.as_ref().ok().copied();
-        let pushed = self.push_record(
-            ring,
-            src_port,
-            tos,
-            datagram,
-            at,
-            p.elide.filter(|_| at.is_some()),
-            icrc,
-            None,
-        );
+        let (placed, pushed) = place_and_push();
         placing.store((before | 1).wrapping_add(1), SeqCst);
         pushed?;
         Ok(placed)
+    }
+
+    /// Consumer: the READ epoch a [`crate::ReadHint`] given now carries.
+    pub fn read_epoch(&self) -> u64 {
+        self.map.u64_at(crate::OFF_READ_EPOCH).load(SeqCst)
+    }
+
+    /// Consumer: no response to a READ hinted before this call is placed
+    /// once it returns. Call it before anything but the READ's own
+    /// responses can end a hinted READ's work request, or take its
+    /// destination away: a QP leaving RTS (ERR, RESET, destroyed), an MR
+    /// deregistered or changed. The epoch moves on, and this waits for
+    /// the placements that may have seen the old one.
+    pub fn end_read_hints(&self) {
+        self.map.u64_at(crate::OFF_READ_EPOCH).fetch_add(1, SeqCst);
+        self.wait_for_placements();
+    }
+
+    /// Producer (the process in slot `ring`): push `datagram`, the `k`th
+    /// response (from 0) to the READ request whose record carried `hint`,
+    /// after writing its payload where the requester's completer would:
+    /// `hint.host + k * hint.mtu`. The payload, bytes `at..at + len` of
+    /// the datagram, is not in `datagram` but at `payload` (as for
+    /// [`Inbox::push_gathered`]). Placed only through the requester's
+    /// shared pages, while its READ epoch is the hint's, for a payload of
+    /// the size the requester takes there (`mtu`, or what is left of the
+    /// READ); a placed payload is left out of the record, one that is not
+    /// is copied into it. Returns as [`Inbox::place_and_push`], with the
+    /// same rules for its caller.
+    ///
+    /// # Safety
+    /// `payload` must be valid for reads of `len` bytes during the call.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn place_read_and_push(
+        &self,
+        ring: usize,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+        hint: &crate::ReadHint,
+        k: u32,
+        at: usize,
+        payload: *const u8,
+        len: usize,
+        icrc: crate::Icrc,
+    ) -> Result<Result<u64, PlaceError>, PushError> {
+        if at.checked_add(len).is_none_or(|end| end > datagram.len())
+            || icrc == crate::Icrc::Unchecked
+        {
+            return Err(PushError::Invalid);
+        }
+        self.placing(ring, datagram.len(), || {
+            // SAFETY: the caller vouches for `payload`.
+            let placed = unsafe { self.place_read(hint, k, payload, len) };
+            let extra = match placed {
+                Ok(host) => crate::Extra {
+                    placed: Some(host),
+                    elide: Some((at, len)),
+                    ..crate::Extra::default()
+                },
+                // Unplaced: the payload goes into the record.
+                Err(_) => crate::Extra {
+                    gap: Some(crate::Gap {
+                        at,
+                        src: payload,
+                        len,
+                    }),
+                    ..crate::Extra::default()
+                },
+            };
+            (
+                placed,
+                self.push_record(ring, src_port, tos, datagram, icrc, extra),
+            )
+        })
+    }
+
+    /// # Safety
+    /// As [`Inbox::place_read_and_push`].
+    unsafe fn place_read(
+        &self,
+        hint: &crate::ReadHint,
+        k: u32,
+        payload: *const u8,
+        n: usize,
+    ) -> Result<u64, PlaceError> {
+        let pid = self.owner_pid().ok_or(PlaceError::Refused)?;
+        if self.read_epoch() != hint.epoch {
+            return Err(PlaceError::NotNow);
+        }
+        let offset = u64::from(k) * u64::from(hint.mtu);
+        // The size the requester's completer takes at that PSN: a full
+        // MTU, or the rest of the READ in its last response.
+        let fits = hint.mtu > 0
+            && offset < hint.len
+            && n as u64 == (hint.len - offset).min(u64::from(hint.mtu));
+        if !fits {
+            return Err(PlaceError::NotNow);
+        }
+        let off = hint
+            .pages
+            .off
+            .checked_add(offset)
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or(PlaceError::NotNow)?;
+        let mut maps = self.shared_maps.lock().unwrap_or_else(|p| p.into_inner());
+        // A memfd that does not open (gone with its MR's pages) refuses
+        // this READ only.
+        let i = self
+            .shared_map(&mut maps, pid, hint.pages)
+            .ok_or(PlaceError::NotNow)?;
+        maps[i].reads = true;
+        let map = maps[i].map.as_ref().ok_or(PlaceError::NotNow)?;
+        if off.checked_add(n).is_none_or(|end| end > map.len()) {
+            return Err(PlaceError::NotNow);
+        }
+        // SAFETY: `off..off + n` lies in the mapping (checked above); the
+        // caller vouches for `payload`.
+        unsafe { map.write_raw(off, payload, n) };
+        PLACED_SHARED.fetch_add(1, Relaxed);
+        Ok(hint.host.wrapping_add(offset))
     }
 
     /// The consumer's process ID, if it offers placement and names a
@@ -597,7 +742,9 @@ impl Inbox {
         // Mappings of memfds no published MR names any more (their owner
         // deregistered the MRs) keep only memory alive.
         let live = self.shared_inodes();
-        maps.retain(|m| m.failed.is_some() || live.contains(&m.ino));
+        // (A READ's destination is kept, as no table names it; the bound
+        // below clears it with the rest.)
+        maps.retain(|m| m.failed.is_some() || m.reads || live.contains(&m.ino));
         let total: usize = maps.iter().map(|m| m.len()).sum();
         if total + m.len() > 2 * crate::shared_mr::MAX_TOTAL as usize {
             maps.clear();
@@ -686,6 +833,9 @@ pub(crate) struct SharedMap {
     ino: u64,
     map: Option<shm::Mapping>,
     failed: Option<u64>,
+    /// Written by a READ response: a READ's destination, which no
+    /// published MR names (it may have local write only).
+    reads: bool,
 }
 
 impl SharedMap {
@@ -694,6 +844,7 @@ impl SharedMap {
             ino: 0,
             map: None,
             failed: Some(ino),
+            reads: false,
         }
     }
 
@@ -720,6 +871,7 @@ impl SharedMap {
             ino: s.ino,
             map: Some(map),
             failed: None,
+            reads: false,
         })
     }
 }

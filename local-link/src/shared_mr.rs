@@ -5,7 +5,9 @@
 //! [`place`](crate::Placement)) with a system call per packet
 //! (`/proc/<pid>/mem` or `process_vm_writev`): on the 2-CPU host that
 //! call was a third of `ib_write_lat`'s round trip. So when an
-//! application registers an MR that peers may write, the MR's whole pages
+//! application registers an MR that peers may write (remote write, or
+//! local write: the responder of a READ writes its responses into the
+//! READ's destination, [`crate::ReadHint`]), the MR's whole pages
 //! are moved in place into a memfd (same addresses, same contents:
 //! [`remap`](crate::remap)), and the MR's table entry names that memfd;
 //! a peer maps it once (through `/proc/<pid>/fd/<n>`, which needs the
@@ -393,6 +395,30 @@ pub fn shared_pages(host: u64, len: u64) -> Option<SharedPages> {
             fd: s.fd.as_raw_fd(),
             ino,
             off: first - s.start,
+        })
+    })
+}
+
+/// Where peers write `len` bytes at `host`, if they lie in the moved
+/// whole pages of one registered MR: that memfd, and where `host` lies in
+/// it (a READ's destination: [`crate::ReadHint`]).
+pub fn shared_range(host: u64, len: u64) -> Option<SharedPages> {
+    let end = host.checked_add(len)?;
+    with_state(|st| {
+        let ino = st
+            .mrs
+            .iter()
+            .filter(|m| m.seg.is_some())
+            .find(|m| {
+                let (first, last) = whole_pages(m.host, m.len);
+                first <= host && end <= last
+            })?
+            .seg?;
+        let s = st.segments.iter().find(|s| s.ino == ino)?;
+        (s.start <= host && end <= s.start + s.len).then(|| SharedPages {
+            fd: s.fd.as_raw_fd(),
+            ino,
+            off: host - s.start,
         })
     })
 }

@@ -224,6 +224,34 @@ fn fake_placement_in_flight(f: &InboxFile, counter: u64, pid: u32) {
     file.write_at(&pid.to_le_bytes(), ctrl + 72).unwrap();
 }
 
+/// `withdraw`, run on another thread while ring 1's producer (this
+/// process) is in the middle of a placement (its counter `counter`, odd),
+/// returns only once that placement has ended.
+fn waits_for_the_placement_in_flight(
+    f: &InboxFile,
+    rx: &Arc<Inbox>,
+    counter: u64,
+    withdraw: fn(&Inbox),
+) {
+    fake_placement_in_flight(f, counter, std::process::id());
+    let done = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let (rx, done) = (rx.clone(), done.clone());
+        std::thread::spawn(move || {
+            withdraw(&rx);
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "returned while a producer may still write"
+    );
+    fake_placement_in_flight(f, counter + 1, std::process::id());
+    waiter.join().unwrap();
+    assert!(done.load(Ordering::SeqCst));
+}
+
 #[test]
 fn withdrawing_an_mr_waits_for_a_placement_in_flight_but_not_for_a_dead_producer() {
     let f = InboxFile::create("t", 2, RING).unwrap();
@@ -233,21 +261,9 @@ fn withdrawing_an_mr_waits_for_a_placement_in_flight_but_not_for_a_dead_producer
     };
     tables(&rx, &t, 0, 1);
     // A live producer (this process) in the middle of a placement.
-    fake_placement_in_flight(&f, 5, std::process::id());
-    let done = Arc::new(AtomicBool::new(false));
-    let (rx2, done2) = (rx.clone(), done.clone());
-    let waiter = std::thread::spawn(move || {
-        rx2.unpublish_mr(RKEY);
-        done2.store(true, Ordering::SeqCst);
+    waits_for_the_placement_in_flight(&f, &rx, 5, |rx| {
+        rx.unpublish_mr(RKEY);
     });
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(
-        !done.load(Ordering::SeqCst),
-        "returned while a producer may still write"
-    );
-    fake_placement_in_flight(&f, 6, std::process::id());
-    waiter.join().unwrap();
-    assert!(done.load(Ordering::SeqCst));
 
     // A producer that died mid-placement is not waited for.
     let mut child = std::process::Command::new("true").spawn().unwrap();
@@ -302,4 +318,205 @@ fn a_placement_into_memory_the_owner_cannot_write_is_a_fault_and_writes_nothing(
         libc::munmap(page, 4096);
         libc::close(fd);
     }
+}
+
+/// Two pages of a memfd of this process, mapped shared: the requester's
+/// READ destination, as `shared_mr` would have moved it.
+struct Pages {
+    fd: std::os::fd::OwnedFd,
+    addr: *mut u8,
+}
+
+impl Pages {
+    const LEN: usize = 8192;
+
+    fn new() -> Pages {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a name and flags; the fd returned is ours.
+        let raw = unsafe { libc::memfd_create(c"read-dest".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: `raw` is a new descriptor nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        std::fs::File::from(fd.try_clone().unwrap())
+            .set_len(Self::LEN as u64)
+            .unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared mapping of the whole memfd.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        Pages {
+            fd,
+            addr: addr.cast(),
+        }
+    }
+
+    fn now(&self) -> Vec<u8> {
+        bytes(self.addr, Self::LEN)
+    }
+
+    /// A hint for a READ of `len` bytes at offset `at` of the pages.
+    fn hint(&self, rx: &Inbox, at: u64, len: u64, mtu: u32) -> local_link::ReadHint {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::File::from(self.fd.try_clone().unwrap())
+            .metadata()
+            .unwrap()
+            .ino();
+        local_link::ReadHint {
+            host: self.addr as u64 + at,
+            len,
+            pages: local_link::SharedPages {
+                fd: self.fd.as_raw_fd(),
+                ino,
+                off: at,
+            },
+            mtu,
+            epoch: rx.read_epoch(),
+        }
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used.
+        unsafe { libc::munmap(self.addr.cast(), Self::LEN) };
+    }
+}
+
+/// Response `k` of the hinted READ, with a 12-byte header and an ICRC.
+fn place_response(
+    tx: &Inbox,
+    rx: &Inbox,
+    hint: &local_link::ReadHint,
+    k: u32,
+    fill: u8,
+    n: usize,
+) -> Result<u64, PlaceError> {
+    // The payload is elsewhere (the responder's MR): the datagram's bytes
+    // there are not its.
+    let packet = vec![0xab; 12 + n + 4];
+    let payload = vec![fill; n];
+    // SAFETY: `payload` holds `n` bytes for the whole call.
+    let r = unsafe {
+        tx.place_read_and_push(
+            1,
+            4791,
+            0,
+            &packet,
+            hint,
+            k,
+            12,
+            payload.as_ptr(),
+            n,
+            local_link::Icrc::Right,
+        )
+    }
+    .unwrap();
+    let mut whole = packet.clone();
+    whole[12..12 + n].fill(fill);
+    let packet = whole;
+    // The packet follows either way; placed, without its payload.
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let got = rx.pop(&mut buf).unwrap();
+    assert_eq!(got.len, packet.len());
+    assert_eq!(got.placed, r.ok());
+    match r {
+        Ok(_) => {
+            assert_eq!(got.elided, Some((12, n)));
+            assert_eq!(&buf[..12], &packet[..12]);
+            assert_eq!(&buf[12 + n..got.len], &packet[12 + n..]);
+        }
+        Err(_) => {
+            assert_eq!(got.elided, None);
+            assert_eq!(&buf[..got.len], &packet[..]);
+        }
+    }
+    r
+}
+
+#[test]
+fn a_read_request_carries_its_hint_to_the_responder() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let pages = Pages::new();
+    let hint = pages.hint(&rx, 100, 5000, 1024);
+    let request = [0x0cu8; 32];
+    tx.push_hinted(1, 4791, 0, &request, local_link::Icrc::Right, &hint)
+        .unwrap();
+    tx.push(1, 4791, 0, &request).unwrap();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let got = rx.pop(&mut buf).unwrap();
+    assert_eq!((&buf[..got.len], got.hint), (&request[..], Some(hint)));
+    let got = rx.pop(&mut buf).unwrap();
+    assert_eq!((&buf[..got.len], got.hint), (&request[..], None));
+}
+
+#[test]
+fn read_responses_are_placed_where_the_hint_says_while_its_epoch_lasts() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let pages = Pages::new();
+    // 5000 bytes at offset 100, path MTU 1024: four full responses and
+    // one of 904 bytes.
+    let hint = pages.hint(&rx, 100, 5000, 1024);
+    // Nothing is placed for a consumer that does not offer placement.
+    assert_eq!(
+        place_response(&tx, &rx, &hint, 0, 1, 1024),
+        Err(PlaceError::Refused)
+    );
+    assert!(rx.offer_placement());
+    assert_eq!(place_response(&tx, &rx, &hint, 0, 1, 1024), Ok(hint.host));
+    assert_eq!(
+        place_response(&tx, &rx, &hint, 4, 5, 904),
+        Ok(hint.host + 4096)
+    );
+    // Not the size the requester takes there, or past the READ's end.
+    for (k, n) in [(1, 1000), (4, 1024), (5, 8), (1, 0)] {
+        assert_eq!(
+            place_response(&tx, &rx, &hint, k, 9, n),
+            Err(PlaceError::NotNow),
+            "response {k} of {n} bytes"
+        );
+    }
+    let mut want = vec![0u8; Pages::LEN];
+    want[100..1124].fill(1);
+    want[4196..5100].fill(5);
+    assert_eq!(pages.now(), want);
+    // Once the requester ended its hints, nothing more lands.
+    rx.end_read_hints();
+    assert_eq!(
+        place_response(&tx, &rx, &hint, 1, 2, 1024),
+        Err(PlaceError::NotNow)
+    );
+    assert_eq!(pages.now(), want);
+    let hint = pages.hint(&rx, 100, 5000, 1024);
+    assert_eq!(
+        place_response(&tx, &rx, &hint, 1, 2, 1024),
+        Ok(hint.host + 1024)
+    );
+    // A hint naming another file than the memfd at that number.
+    let mut wrong = hint;
+    wrong.pages.ino += 1;
+    assert_eq!(
+        place_response(&tx, &rx, &wrong, 2, 3, 1024),
+        Err(PlaceError::NotNow)
+    );
+    want[1124..2148].fill(2);
+    assert_eq!(pages.now(), want);
+}
+
+#[test]
+fn ending_read_hints_waits_for_a_placement_in_flight() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let rx = Arc::new(open(&f));
+    waits_for_the_placement_in_flight(&f, &rx, 7, |rx| rx.end_read_hints());
 }
