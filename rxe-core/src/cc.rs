@@ -1074,6 +1074,7 @@ pub(crate) fn notification_point<M>(
         last_posted: false,
         icrc: true,
         gathered: None,
+        read_dest: None,
     });
     count!(ctx, qp, np_cnp_sent);
 }

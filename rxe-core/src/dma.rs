@@ -65,15 +65,17 @@ pub(crate) fn gather<M: Memory>(
 }
 
 /// Where the `len` bytes at message offset `offset` of the local SGEs
-/// are, if they lie in one SGE: that SGE checked as [`gather`] checks it
-/// (the same errors), its host address. `None`: they span several SGEs
-/// (nothing checked; [`gather`] does it).
+/// are, if they lie in one SGE: that SGE checked for `needed` access as
+/// [`gather`] (no access) or [`scatter`] (LOCAL_WRITE) checks it (the same
+/// errors), its host address. `None`: they span several SGEs (nothing
+/// checked; [`gather`] or [`scatter`] does it).
 pub(crate) fn one_range(
     keys: &KeyTable,
     pd: PdHandle,
     sges: &[Sge],
     offset: u64,
     len: usize,
+    needed: AccessFlags,
 ) -> Result<Option<u64>, String> {
     let mut pieces = 0;
     let mut at = None;
@@ -88,13 +90,7 @@ pub(crate) fn one_range(
         return Ok(None);
     };
     let r = keys
-        .check_local(
-            pd,
-            lkey,
-            addr.wrapping_add(off),
-            len as u64,
-            AccessFlags::empty(),
-        )
+        .check_local(pd, lkey, addr.wrapping_add(off), len as u64, needed)
         .map_err(|e| format!("local SGE (addr {addr:#x}, lkey {lkey:#x}): {e}"))?;
     Ok(Some(r.host_addr))
 }

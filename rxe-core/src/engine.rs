@@ -202,6 +202,26 @@ pub struct Transmit {
     /// [`Engine::fill_gathered`] (or the driver's own copy) writes them,
     /// `payload[at..at + len]` holds nothing of this packet.
     pub gathered: Option<Gathered>,
+    /// An RC READ request's destination, where the responder of a driver
+    /// that places responses may write them (only when the driver asked:
+    /// [`Engine::hint_reads`]).
+    pub read_dest: Option<ReadDest>,
+}
+
+/// [`Transmit::read_dest`]: the local memory the responses to a READ
+/// request go to, one range of one MR that the engine checked (key,
+/// protection domain, local write access, bounds) when it built the
+/// request. The response at the request's PSN + k carries the bytes
+/// `k * mtu..` of it (a full `mtu` but for the last). For a READ resumed
+/// after partial responses, the rest it asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadDest {
+    /// Its first byte in the memory backend.
+    pub host: u64,
+    /// Its length: what the request asks for.
+    pub len: u64,
+    /// The QP's path MTU.
+    pub mtu: u32,
 }
 
 /// [`Transmit::gathered`]: the payload bytes `at..at + len` of a packet
@@ -267,6 +287,8 @@ pub(crate) struct Ctx<M> {
     /// Request payloads of one local range are left for the driver to
     /// copy ([`Engine::defer_gather`]).
     pub defer_gather: bool,
+    /// READ requests say where their responses go ([`Engine::hint_reads`]).
+    pub hint_reads: bool,
     pub notify: VecDeque<CqHandle>,
     pub counters: Counters,
     pub cfg: EngineConfig,
@@ -448,6 +470,7 @@ impl<M: Memory> Engine<M> {
                 tracing: false,
                 defer_icrc: false,
                 defer_gather: false,
+                hint_reads: false,
                 counters: Counters::default(),
                 cfg,
             },
@@ -994,6 +1017,18 @@ impl<M: Memory> Engine<M> {
     /// [`Engine::poll_transmit`] returns.
     pub fn defer_gather(&mut self, on: bool) {
         self.ctx.defer_gather = on;
+    }
+
+    /// Say, with each RC READ request whose responses go to one range of
+    /// one MR, where that is ([`Transmit::read_dest`]): for a driver whose
+    /// peers on the same host may write the responses' payloads there
+    /// themselves, as kernel rxe's loopback runs the requester's completer
+    /// in the responder's context. Memory it names is written only while
+    /// the READ is outstanding; the driver must keep anything else from
+    /// writing it once the work request may have ended otherwise (the QP
+    /// leaving RTS, the MR deregistered).
+    pub fn hint_reads(&mut self, on: bool) {
+        self.ctx.hint_reads = on;
     }
 
     /// Copy the payload [`Engine::defer_gather`] left out of `t` into it.
@@ -1632,6 +1667,21 @@ impl<M: Memory> Engine<M> {
     /// placed that FIRST may place the rest of the message.
     pub fn write_continuing(&self, qpn: u32) -> Option<(PdHandle, Psn)> {
         self.placeable_responder(qpn, |w| w.is_some_and(|w| w.resid > 0))
+    }
+
+    /// Whether RC QP `qpn`'s responder would take a request at `psn` (24
+    /// bits) as new, not as a duplicate: it is in RTR or RTS (or SQD) and
+    /// expects that PSN next. Returns the QP it answers (its destination
+    /// QP). A driver whose peers on this host say where a READ's
+    /// responses go ([`Engine::hint_reads`]) keeps that only for a READ
+    /// taken as new: a duplicate is answered again, maybe after the first
+    /// answer completed the READ.
+    pub fn takes_new_request(&self, qpn: u32, psn: u32) -> Option<u32> {
+        let q = self.qps.get(&qpn)?;
+        let new = q.qp_type == QpType::Rc
+            && matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            && q.resp_psn.value() == psn & 0x00ff_ffff;
+        new.then_some(q.attr.dest_qp_num)
     }
 
     /// RC QP `qpn`'s PD and next expected PSN, if it is in RTR or RTS,

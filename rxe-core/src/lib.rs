@@ -50,11 +50,11 @@ pub mod wr;
 pub use caps::{DeviceCaps, Mtu};
 pub use cc::{CcConfig, CcModel, CcParamError, CcParams, QpCcState};
 pub use counters::Counters;
-pub use engine::Gathered;
 pub use engine::{
     derived_link_local, gid_table, gid_to_ip, ip_to_gid, AhAttrs, Engine, EngineConfig, QpInitAttr,
     QpSummary, RxDatagram, SrqAttr, Transmit,
 };
+pub use engine::{Gathered, ReadDest};
 pub use error::{Error, Result};
 pub use model::{Like, RxeRelease};
 pub use mr::{AccessFlags, KeySpace, MwType};

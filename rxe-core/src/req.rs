@@ -178,6 +178,41 @@ fn exec_local<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize) {
     }
 }
 
+/// The READ request just built for WQE `idx` (if it is one) says where
+/// its responses go ([`crate::Engine::hint_reads`]): the rest of the READ,
+/// if it lies in one SGE of an MR the QP may write (the checks the
+/// completer's `scatter` makes; anything else gets no hint, and its
+/// responses are handled as ever).
+fn read_dest<M: Memory>(qp: &Qp, ctx: &mut Ctx<M>, idx: usize, mtu: u32) {
+    let Some(w) = qp.sq.get(idx) else { return };
+    if !matches!(w.wr.op, SendOp::RdmaRead { .. }) || w.offset >= w.length {
+        return;
+    }
+    let rest = w.length - w.offset;
+    // Responses too short to be left in memory by the responder's engine
+    // ([`tx::may_gather`]) are not placed: no hint, which costs the
+    // request a lookup and its record 48 bytes (ib_read_lat).
+    if !tx::may_gather(ctx, rest.min(mtu) as usize) {
+        return;
+    }
+    let write = crate::AccessFlags::LOCAL_WRITE;
+    let at = dma::one_range(
+        &ctx.keys,
+        qp.pd,
+        &w.wr.sg_list,
+        u64::from(w.offset),
+        rest as usize,
+        write,
+    );
+    if let (Ok(Some(host)), Some(t)) = (at, ctx.out.back_mut()) {
+        t.read_dest = Some(crate::ReadDest {
+            host,
+            len: u64::from(rest),
+            mtu,
+        });
+    }
+}
+
 /// Send the next packet of WQE `idx`. Returns false if the WQE failed.
 fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) -> bool {
     let mtu = if qp.qp_type == QpType::Ud {
@@ -402,7 +437,8 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
             if tx::may_gather(ctx, buf.len()) {
                 // One range of one MR, checked once: copied by the driver
                 // if it can read it, or here.
-                if let Some(addr) = dma::one_range(&ctx.keys, pd, sges, off, buf.len())? {
+                let none = crate::AccessFlags::empty();
+                if let Some(addr) = dma::one_range(&ctx.keys, pd, sges, off, buf.len(), none)? {
                     if tx::gathers(ctx, addr, buf.len()) {
                         return Ok(Some(addr));
                     }
@@ -416,6 +452,9 @@ fn send_one<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<M>, idx: usize, now: Instant) 
             dma::gather(&ctx.mem, &ctx.keys, pd, sges, off, buf).map(|()| None)
         }
     });
+    if res.is_ok() && ctx.hint_reads && qp_type == QpType::Rc {
+        read_dest(qp, ctx, idx, mtu);
+    }
     if res.is_ok() {
         qp.counters.sent_pkts += 1;
         if psn.is_after_or_eq(qp.fresh_psn) {

@@ -185,6 +185,7 @@ pub(crate) fn emit<M, E>(
         last_posted: false,
         icrc,
         gathered,
+        read_dest: None,
     });
     Ok(())
 }

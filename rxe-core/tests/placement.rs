@@ -332,3 +332,86 @@ fn a_qp_that_fails_by_itself_is_counted_in_qp_errors() {
     assert_eq!(wcs[0].status, WcStatus::RetryExcErr, "{wcs:?}");
     assert_eq!(n.node(0).qp_errors(), before + 1);
 }
+
+/// A READ request says where its responses go (`Transmit::read_dest`)
+/// when the driver asks (`Engine::hint_reads`), for a driver whose peers
+/// on the host write those responses' payloads themselves: only for the
+/// rest of the READ in one SGE of an MR with local write access (what the
+/// completer's scatter checks), and only for responses long enough for
+/// the responder's engine to leave in memory (256 bytes).
+#[test]
+fn a_read_request_says_where_its_responses_go_when_asked() {
+    let (mut n, a, b) = setup(&ConnectOpts::default());
+    let (x, _, x_rkey) = mr(&mut n, 1, b.pd, 16 * 1024);
+    let (dst, dst_lkey, _) = mr(&mut n, 0, a.pd, 16 * 1024);
+    let ro = n.node(0).mem_mut().alloc(4096);
+    let ro_lkey = n
+        .node(0)
+        .reg_mr(a.pd, ro, 4096, AccessFlags::REMOTE_READ)
+        .unwrap()
+        .lkey;
+    // The READ's request as built, then its responses delivered and its
+    // completion taken (the ICRC the driver writes, as a driver would).
+    let read = |n: &mut Network, id: u64, sges: Vec<Sge>| {
+        let now = n.now();
+        let wr = SendWr::new(
+            id,
+            SendOp::RdmaRead {
+                remote_addr: x,
+                rkey: x_rkey,
+            },
+            sges,
+        );
+        n.node(0).post_send(now, a.qpn, wr).unwrap();
+        let mut req = n.take_transmits(0);
+        assert_eq!(req.len(), 1);
+        let dest = req[0].read_dest;
+        for t in &mut req {
+            t.write_icrc();
+        }
+        n.deliver_now(1, &req);
+        let resp = n.take_transmits(1);
+        n.deliver_now(0, &resp);
+        let wc = n.node(0).poll_cq(a.send_cq, 4).unwrap();
+        assert_eq!(wc.len(), 1);
+        (dest, wc[0].status)
+    };
+    let sge = |addr: u64, length: u32, lkey: u32| Sge { addr, length, lkey };
+    let one = |at: u64, len: u32| vec![sge(dst + at, len, dst_lkey)];
+    // Not asked: nothing.
+    assert_eq!(read(&mut n, 1, one(100, 4000)), (None, WcStatus::Success));
+    n.node(0).defer_icrc(true);
+    n.node(0).defer_gather(true);
+    n.node(0).hint_reads(true);
+    let dest = |host: u64, len: u64| {
+        Some(rxe_core::ReadDest {
+            host,
+            len,
+            mtu: 1024,
+        })
+    };
+    assert_eq!(
+        read(&mut n, 2, one(100, 4000)),
+        (dest(dst + 100, 4000), WcStatus::Success)
+    );
+    // A single response of 300 bytes is left in memory; of 100, not.
+    assert_eq!(
+        read(&mut n, 3, one(0, 300)),
+        (dest(dst, 300), WcStatus::Success)
+    );
+    assert_eq!(read(&mut n, 4, one(0, 100)), (None, WcStatus::Success));
+    // Two SGEs: only if the whole READ lies in one of them.
+    let two = vec![sge(dst, 2000, dst_lkey), sge(dst + 8192, 2000, dst_lkey)];
+    assert_eq!(read(&mut n, 5, two), (None, WcStatus::Success));
+    let first_only = vec![sge(dst, 2000, dst_lkey), sge(dst + 8192, 0, dst_lkey)];
+    assert_eq!(
+        read(&mut n, 6, first_only),
+        (dest(dst, 2000), WcStatus::Success)
+    );
+    // No local write access: no hint, and the READ fails at its first
+    // response, as ever.
+    assert_eq!(
+        read(&mut n, 7, vec![sge(ro, 2000, ro_lkey)]),
+        (None, WcStatus::LocProtErr)
+    );
+}
