@@ -27,7 +27,12 @@
 //! their packets leave, so a WRITE with work behind it is never placed by
 //! its sender; a refused WR named in `bad_wr`, those before it sent).
 //! `wr_inline.c` also checks that a UD batch with a send lacking an
-//! address fails whole (EINVAL, nothing sent).
+//! address fails whole (EINVAL, nothing sent). READ responses placed by
+//! their responder into a requester's MR of local write access
+//! (`tests/c/read_placed.c`: all of a READ's responses placed, every byte
+//! where it belongs; a last response too short to place, a READ too
+//! short to hint, and a READ into an MR without local write access, which
+//! fails, placed nothing).
 
 mod common;
 
@@ -73,6 +78,11 @@ fn multi_packet_writes_into_a_process_that_watches_memory_from_c() {
 #[test]
 fn a_chain_is_posted_whole_and_only_its_last_write_may_be_placed_from_c() {
     run_c("write_chain", "rxe0=127.0.95.7");
+}
+
+#[test]
+fn read_responses_placed_by_their_responder_from_c() {
+    run_c("read_placed", "rxe0=127.0.95.8");
 }
 
 fn run_c(name: &str, device: &str) {

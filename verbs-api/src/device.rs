@@ -696,7 +696,7 @@ impl Inner {
         access: rxe_core::AccessFlags,
         may_move: bool,
     ) {
-        let share = may_move && self.local.as_ref().is_some_and(|l| l.placeable(access));
+        let share = may_move && self.local.as_ref().is_some_and(|l| l.shares(access));
         local_link::shared_mr::register(host, len, share);
     }
 
@@ -708,6 +708,8 @@ impl Inner {
     /// MR `rkey` is about to be deregistered or changed: returns once no
     /// peer can still be placing into it.
     pub(crate) fn unpublish_mr(&self, rkey: u32) {
+        // No peer places a READ's responses into it from now on.
+        self.end_read_hints();
         if self.local.as_ref().is_some_and(|ll| ll.unpublish_mr(rkey)) {
             // Peers placed into it until now; their packets are in the
             // inbox. The engine takes them while the MR is still there:
@@ -716,6 +718,14 @@ impl Inner {
             // WRITE must then succeed (kernel rxe checks the rkey before
             // the payload lands), not fail on a key gone since.
             self.catch_up();
+        }
+    }
+
+    /// No peer places the responses of a READ this process asked for
+    /// until now once this returns (`LocalLink::end_read_hints`).
+    pub(crate) fn end_read_hints(&self) {
+        if let Some(ll) = &self.local {
+            ll.end_read_hints();
         }
     }
 
@@ -1454,6 +1464,11 @@ impl Inner {
             if tracing {
                 self.trace_packet('r', &rx_info(&dg), dg.payload, p.tos);
             }
+            if let Some(h) = p.hint {
+                // A READ request whose responses we may place into its
+                // requester (taken as new by our engine).
+                ll.note_read_request(e, dg.payload, p.ring, h);
+            }
             if let Some(at) = p.placed {
                 let len = wire::PacketRepr::parse(dg.payload).map_or(0, |p| p.payload.len());
                 if p.elided.is_some() {
@@ -1809,8 +1824,9 @@ impl Inner {
                 // that its engine then refused, and the bytes of this
                 // process's MR pages in shared memory.
                 l += &format!(
-                    " placed_writes={} placed_shared={} placed_refused={} placed_via={} shared_mr_bytes={}",
+                    " placed_writes={} placed_reads={} placed_shared={} placed_refused={} placed_via={} shared_mr_bytes={}",
                     self.local.as_ref().map_or(0, |l| l.placed()),
+                    self.local.as_ref().map_or(0, |l| l.placed_reads()),
                     local_link::placed_shared(),
                     self.placed_refused.load(Ordering::Relaxed),
                     local_link::placement_way(),
@@ -2356,6 +2372,9 @@ impl Device {
         // Each flush completes or sends what the engine left in memory
         // before the engine is unlocked (`hostmem::fill_gathered`).
         engine.defer_gather(local.is_some());
+        // READ requests say where their responses go, for peers that place
+        // them (`local_link::place`).
+        engine.hint_reads(local.as_ref().is_some_and(|l| l.placement()));
         let inner = Arc::new(Inner {
             engine: Mutex::new(engine),
             channels: Mutex::new(FxHashMap::default()),

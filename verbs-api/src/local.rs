@@ -65,10 +65,39 @@ struct Pending {
     /// and QP: where the next packet's payload goes. (Here, under the lock
     /// every push already holds, rather than behind a lock of its own.)
     writes: Writes,
+    /// READ requests from the peer in a slot, by that slot and the QP
+    /// that asked, whose responses this process may place: the hints
+    /// they came with, for requests our engine took as new. (Here too,
+    /// under the lock every push holds.)
+    reads: Reads,
 }
 
 /// [`Pending::writes`].
 type Writes = FxHashMap<(usize, u32), PlacedWrite>;
+
+/// [`Pending::reads`].
+type Reads = FxHashMap<(usize, u32), VecDeque<ReadPlan>>;
+
+/// READ requests of one requester QP kept at most: as many as a QP may
+/// have in flight (the device's `max_qp_rd_atom`), with room to spare.
+const MAX_READS_KEPT: usize = 256;
+
+/// A READ request whose responses this process may place
+/// ([`LocalLink::note_read_request`]).
+struct ReadPlan {
+    /// The requester's inbox as known when the request came: a slot
+    /// whose inbox was replaced since (its process gone, another in its
+    /// place) is not placed into by this plan.
+    inbox: Arc<Inbox>,
+    /// The request's PSN: response `k` comes at `psn + k`.
+    psn: u32,
+    /// Its responses.
+    npsn: u32,
+    /// The response expected next: each is placed once, in order, on
+    /// the first pass (a READ answered again goes unplaced).
+    next: u32,
+    hint: local_link::ReadHint,
+}
 
 impl Pending {
     /// Queue `t` behind what waits for `slot`, or drop it past
@@ -99,6 +128,12 @@ impl Pending {
             _ => None,
         }
     }
+}
+
+/// Whether `op` is an RC READ response (FIRST, MIDDLE, LAST or ONLY).
+fn is_read_response(op: wire::Opcode) -> bool {
+    (wire::Opcode::RC_RDMA_READ_RESPONSE_FIRST.0..=wire::Opcode::RC_RDMA_READ_RESPONSE_ONLY.0)
+        .contains(&op.0)
 }
 
 /// The BTH destination QP of a RoCEv2 UDP payload.
@@ -155,6 +190,8 @@ pub(crate) struct LocalLink {
     /// WRITE payloads (one per packet) placed into peers: `rxe-emu
     /// stat`'s `placed_writes`.
     placed: AtomicU64,
+    /// READ response payloads placed into peers: `placed_reads`.
+    placed_reads: AtomicU64,
     /// This process traces its packets (`TRACE`): a placed payload is kept
     /// in its record all the same, so that the peer's tracer (every
     /// process of a device traces) shows the bytes that were sent.
@@ -214,6 +251,7 @@ impl LocalLink {
             placement,
             no_place: AtomicU64::new(0),
             placed: AtomicU64::new(0),
+            placed_reads: AtomicU64::new(0),
             tracing: AtomicBool::new(false),
             qp_errors_seen: AtomicU64::new(0),
         }
@@ -233,6 +271,97 @@ impl LocalLink {
     /// WRITE payloads placed into peers so far (`placed_writes`).
     pub(crate) fn placed(&self) -> u64 {
         self.placed.load(Ordering::Relaxed)
+    }
+
+    /// READ response payloads placed into peers so far (`placed_reads`).
+    pub(crate) fn placed_reads(&self) -> u64 {
+        self.placed_reads.load(Ordering::Relaxed)
+    }
+
+    /// Whether placement is on (the engine's READ requests then say where
+    /// their responses go: `Engine::hint_reads`).
+    pub(crate) fn placement(&self) -> bool {
+        self.placement
+    }
+
+    /// Whether the pages of an MR with `access` move into shared memory
+    /// (`local_link::shared_mr`): those peers may place into, and a READ's
+    /// destination (local write), not on-demand paging.
+    pub(crate) fn shares(&self, access: rxe_core::AccessFlags) -> bool {
+        use rxe_core::AccessFlags;
+        self.placeable(access)
+            || (self.placement
+                && access.contains(AccessFlags::LOCAL_WRITE)
+                && !access.contains(AccessFlags::ON_DEMAND))
+    }
+
+    /// No response to a READ this process asked for until now is placed
+    /// by a peer once this returns: called before a hinted READ's work
+    /// request can end otherwise than by its responses (its QP in ERR or
+    /// RESET, or destroyed) and before an MR goes.
+    pub(crate) fn end_read_hints(&self) {
+        if self.placement {
+            self.own.end_read_hints();
+        }
+    }
+
+    /// Where the responses to the READ request `t` may be placed, if its
+    /// destination lies in this process's shared pages.
+    fn read_hint(&self, t: &Transmit) -> Option<local_link::ReadHint> {
+        let d = t.read_dest?;
+        let pages = local_link::shared_mr::shared_range(d.host, d.len)?;
+        Some(local_link::ReadHint {
+            host: d.host,
+            len: d.len,
+            pages,
+            mtu: d.mtu,
+            epoch: self.own.read_epoch(),
+        })
+    }
+
+    /// A READ request (`datagram`) from the process in slot `ring` came
+    /// with `hint`, before our engine takes it: keep the hint if the
+    /// engine takes the request as new (a duplicate, a READ asked again,
+    /// is answered unplaced: its first answer may have completed the work
+    /// request already).
+    pub(crate) fn note_read_request(
+        &self,
+        e: &Engine<HostMemory>,
+        datagram: &[u8],
+        ring: usize,
+        hint: local_link::ReadHint,
+    ) {
+        let Ok(bth) = wire::bth::Packet::new_checked(datagram) else {
+            return;
+        };
+        if bth.opcode() != wire::Opcode::RC_RDMA_READ_REQUEST || hint.mtu == 0 {
+            return;
+        }
+        let psn = bth.psn().value();
+        let Some(requester) = e.takes_new_request(bth.dest_qpn(), psn) else {
+            return;
+        };
+        let npsn = hint.len.div_ceil(u64::from(hint.mtu)).max(1);
+        let Ok(npsn) = u32::try_from(npsn) else {
+            return;
+        };
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(inbox) = p.known(ring).cloned() else {
+            return;
+        };
+        let plans = p.reads.entry((ring, requester)).or_default();
+        // The same PSN asked again before it was answered: this one.
+        plans.retain(|r| r.psn != psn);
+        if plans.len() >= MAX_READS_KEPT {
+            plans.pop_front();
+        }
+        plans.push_back(ReadPlan {
+            inbox,
+            psn,
+            npsn,
+            next: 0,
+            hint,
+        });
     }
 
     /// Publish MR `mr` for placement if peers may write it (remote write,
@@ -296,6 +425,9 @@ impl LocalLink {
         // nothing changed.
         if self.qp_errors_seen.load(Ordering::Relaxed) != n {
             self.qp_errors_seen.store(n, Ordering::Relaxed);
+            // A READ of a QP in ERR completes with an error, before its
+            // responses: none may land after that.
+            self.own.end_read_hints();
             for qpn in e.qp_numbers() {
                 self.publish_qp(e, qpn);
             }
@@ -329,6 +461,7 @@ impl LocalLink {
     /// message into an MR whose pages are in shared memory. A placed
     /// payload is left out of the record when the packet needs no ICRC
     /// check (`intact`).
+    #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
         inbox: &Inbox,
@@ -337,6 +470,7 @@ impl LocalLink {
         place: bool,
         intact: bool,
         writes: &mut Writes,
+        reads: &mut Reads,
     ) -> Result<(), PushError> {
         use wire::Opcode;
         let tos = t.ecn.tos(t.dscp);
@@ -352,6 +486,24 @@ impl LocalLink {
             }
         };
         let op = t.payload.first().map(|&b| Opcode(b));
+        if place && self.placement {
+            if op == Some(Opcode::RC_RDMA_READ_REQUEST) {
+                if let Some(h) = self.read_hint(t) {
+                    return inbox.push_hinted(
+                        self.slot,
+                        t.info.src_port,
+                        tos,
+                        &t.payload,
+                        icrc,
+                        &h,
+                    );
+                }
+            } else if op.is_some_and(is_read_response) && !reads.is_empty() {
+                if let Some(r) = self.push_read_response(inbox, slot, t, tos, icrc, reads) {
+                    return r;
+                }
+            }
+        }
         let write = matches!(
             op,
             Some(
@@ -472,6 +624,75 @@ impl LocalLink {
             }
         }
         Ok(())
+    }
+
+    /// Push the READ response `t` into `inbox` of slot `slot`, placing its
+    /// payload first if it answers a request that came with a hint
+    /// ([`LocalLink::note_read_request`]), in order, on its first pass.
+    /// `None`: nothing to place it by (pushed the usual way).
+    fn push_read_response(
+        &self,
+        inbox: &Inbox,
+        slot: usize,
+        t: &Transmit,
+        tos: u8,
+        icrc: Icrc,
+        reads: &mut Reads,
+    ) -> Option<Result<(), PushError>> {
+        let bth = wire::bth::Packet::new_checked(&t.payload[..]).ok()?;
+        let plans = reads.get_mut(&(slot, bth.dest_qpn()))?;
+        let psn = bth.psn().value();
+        let i = plans
+            .iter()
+            .position(|r| psn.wrapping_sub(r.psn) & 0x00ff_ffff < r.npsn)?;
+        let r = &mut plans[i];
+        let k = psn.wrapping_sub(r.psn) & 0x00ff_ffff;
+        if k != r.next || !std::ptr::eq(&*r.inbox, inbox) {
+            // Answered again (a duplicate request), or out of step: the
+            // rest of this READ goes unplaced.
+            plans.remove(i);
+            return None;
+        }
+        r.next += 1;
+        let hint = r.hint;
+        if r.next == r.npsn {
+            plans.remove(i);
+        }
+        // Only a payload the engine left in memory (one range of an MR,
+        // 256 bytes or more), with an ICRC no one checks, and no tracer
+        // (which shows each packet whole); others go unplaced, and the
+        // READ's next response may still be placed.
+        let g = t.gathered?;
+        if icrc == Icrc::Unchecked || self.tracing.load(Ordering::Relaxed) {
+            return None;
+        }
+        // SAFETY: as in `hostmem::push_gathered`, `g.addr..g.addr + g.len`
+        // is mapped, readable memory of this process for the whole call
+        // (a checked range of a registered MR, in the flush that took `t`
+        // from the engine).
+        let res = unsafe {
+            inbox.place_read_and_push(
+                self.slot,
+                t.info.src_port,
+                tos,
+                &t.payload,
+                &hint,
+                k,
+                g.at,
+                g.addr as usize as *const u8,
+                g.len,
+                icrc,
+            )
+        };
+        Some(res.map(|placed| match placed {
+            Ok(_) => {
+                self.placed_reads.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(PlaceError::Refused) => {
+                self.no_place.fetch_or(1 << slot, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }))
     }
 
     /// The device's tracer was turned on or off.
@@ -700,6 +921,7 @@ impl LocalLink {
         // The placed WRITEs are out of `p` while `p` lends an inbox to
         // each push.
         let mut writes = std::mem::take(&mut p.writes);
+        let mut reads = std::mem::take(&mut p.reads);
         for mut t in ts.drain(..) {
             let Some(slot) = self.dest_slot(&t, addr) else {
                 out.udp.push(t);
@@ -716,7 +938,7 @@ impl LocalLink {
                     out.udp.push(t);
                     break;
                 };
-                match self.push(inbox, slot, &mut t, place, intact, &mut writes) {
+                match self.push(inbox, slot, &mut t, place, intact, &mut writes, &mut reads) {
                     Ok(()) => {
                         sent(t);
                         p.kick_later(slot);
@@ -729,12 +951,14 @@ impl LocalLink {
                         // The slot may have a new owner with a new inbox.
                         self.forget(p, slot, now(), true);
                         writes.retain(|&(s, _), _| s != slot);
+                        reads.retain(|&(s, _), _| s != slot);
                         retried = true;
                         continue;
                     }
                     Err(_) => {
                         self.forget(p, slot, now(), false);
                         writes.retain(|&(s, _), _| s != slot);
+                        reads.retain(|&(s, _), _| s != slot);
                         out.udp.push(t);
                     }
                 }
@@ -742,6 +966,7 @@ impl LocalLink {
             }
         }
         p.writes = writes;
+        p.reads = reads;
         let Pending {
             kick,
             unkicked,

@@ -877,6 +877,12 @@ impl QueuePair {
         let mut e = self.dev.inner.lock();
         let r = e.modify_qp(now, self.qpn, attr, mask);
         self.dev.inner.publish_qp(&e, self.qpn);
+        if matches!(attr.qp_state, Some(QpState::Reset | QpState::Err))
+            && mask.contains(QpAttrMask::STATE)
+        {
+            // Its READs end without their responses.
+            self.dev.inner.end_read_hints();
+        }
         r?;
         self.dev.inner.flush(&mut e);
         drop(e);
@@ -1008,6 +1014,7 @@ impl Drop for QueuePair {
         }
         let _ = e.destroy_qp(self.qpn);
         self.dev.inner.publish_qp(&e, self.qpn);
+        self.dev.inner.end_read_hints();
         // Responses a poll held back leave now (the peer waits for them).
         self.dev.inner.flush(&mut e);
     }

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -196,6 +198,43 @@ static inline struct peer_info meet(const struct side *s, uint32_t rkey, uint64_
 	put(s->out, &c, 1);
 	get(s->in, &c, 1);
 	return peer;
+}
+
+/* `name`'s value on the STAT line of `slot` (the daemon's control
+ * socket, RXE_EMU_SOCKET: one request line, the reply until it closes). */
+static inline long stat_value(int slot, const char *name)
+{
+	const char *path = getenv("RXE_EMU_SOCKET");
+	CHECK(path, "RXE_EMU_SOCKET is not set");
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK(fd >= 0, "socket");
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s", path);
+	const char *q = "STAT rxe0\n";
+	CHECK(write(fd, q, strlen(q)) == (ssize_t)strlen(q), "write");
+	static char reply[1 << 16];
+	size_t n = 0;
+	ssize_t r;
+	while (n < sizeof(reply) - 1 && (r = read(fd, reply + n, sizeof(reply) - 1 - n)) > 0)
+		n += r;
+	close(fd);
+	reply[n] = 0;
+	char head[32];
+	snprintf(head, sizeof(head), "slot %d ", slot);
+	for (char *line = strtok(reply, "\n"); line; line = strtok(NULL, "\n")) {
+		while (*line == ' ')
+			line++;
+		if (strncmp(line, head, strlen(head)) != 0)
+			continue;
+		char want[64];
+		snprintf(want, sizeof(want), " %s ", name);
+		char *at = strstr(line, want);
+		CHECK(at, "no %s on slot %d's line: %s", name, slot, line);
+		return strtol(at + strlen(want), NULL, 10);
+	}
+	CHECK(0, "no slot %d in the STAT reply", slot);
+	return 0;
 }
 
 #endif

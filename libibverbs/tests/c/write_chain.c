@@ -19,8 +19,6 @@
  * B checks that every byte arrived. Prints "ALL OK" at the end. */
 #include <stdint.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,43 +29,6 @@
 #define BIG 4096
 #define SMALL 64
 #define LEN (BIG + SMALL)
-
-/* `name`'s value on the STAT line of `slot` (the daemon's control
- * socket, RXE_EMU_SOCKET: one request line, the reply until it closes). */
-static long stat_value(int slot, const char *name)
-{
-	const char *path = getenv("RXE_EMU_SOCKET");
-	CHECK(path, "RXE_EMU_SOCKET is not set");
-	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-	CHECK(fd >= 0, "socket");
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s", path);
-	const char *q = "STAT rxe0\n";
-	CHECK(write(fd, q, strlen(q)) == (ssize_t)strlen(q), "write");
-	static char reply[1 << 16];
-	size_t n = 0;
-	ssize_t r;
-	while (n < sizeof(reply) - 1 && (r = read(fd, reply + n, sizeof(reply) - 1 - n)) > 0)
-		n += r;
-	close(fd);
-	reply[n] = 0;
-	char head[32];
-	snprintf(head, sizeof(head), "slot %d ", slot);
-	for (char *line = strtok(reply, "\n"); line; line = strtok(NULL, "\n")) {
-		while (*line == ' ')
-			line++;
-		if (strncmp(line, head, strlen(head)) != 0)
-			continue;
-		char want[64];
-		snprintf(want, sizeof(want), " %s ", name);
-		char *at = strstr(line, want);
-		CHECK(at, "no %s on slot %d's line: %s", name, slot, line);
-		return strtol(at + strlen(want), NULL, 10);
-	}
-	CHECK(0, "no slot %d in the STAT reply", slot);
-	return 0;
-}
 
 static unsigned char byte(long r, long j)
 {
