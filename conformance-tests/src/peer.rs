@@ -352,11 +352,18 @@ pub fn compare_roles(
 /// RNR back-off on the wire: for each RNR NAK in the capture, the time
 /// until the requester sends the NAKed PSN again, with the timer the NAK
 /// asked for, `(asked_ns, waited_ns)`. A NAK never followed by its retry
-/// is an error (the capture ends with the message delivered).
+/// is an error (the capture ends with the message delivered), and so is a
+/// second NAK before that retry, unless it answers another transmission
+/// of the same PSN: a requester whose retransmission timer fired before a
+/// slow responder answered sent the packet twice, and each copy gets its
+/// NAK (the 6.12 guest once stalled 180 ms, 2026-11-29); the back-off is
+/// then timed from the first.
 pub fn rnr_backoffs(pcap: &[u8]) -> Result<Vec<(u64, u64)>, String> {
     use wire::aeth::Syndrome;
     let r = wire::pcap::PcapReader::new(pcap).map_err(|e| format!("capture: {e}"))?;
     let mut pending: Option<(u64, u64, wire::Psn)> = None;
+    // Transmissions of a request PSN that no RNR NAK has answered yet.
+    let mut unanswered: std::collections::HashMap<wire::Psn, u32> = Default::default();
     let mut out = Vec::new();
     for rec in r {
         let rec = rec.map_err(|e| format!("capture record: {e}"))?;
@@ -371,14 +378,27 @@ pub fn rnr_backoffs(pcap: &[u8]) -> Result<Vec<(u64, u64)>, String> {
             .opcode
             .info()
             .is_some_and(|i| i.flags.contains(wire::OpFlags::REQ));
+        let psn = p.bth.psn;
+        let rnr = matches!(p.aeth.map(|a| a.syndrome), Some(Syndrome::RnrNak { .. }));
+        // Whether this NAK answers a transmission not answered yet.
+        let answers = rnr
+            && unanswered.get_mut(&psn).is_some_and(|n| {
+                let had = *n > 0;
+                *n = n.saturating_sub(1);
+                had
+            });
+        if is_req {
+            *unanswered.entry(psn).or_default() += 1;
+        }
         match (p.aeth.map(|a| a.syndrome), pending) {
             (Some(Syndrome::RnrNak { timer }), None) => {
-                pending = Some((rec.ts_ns, wire::aeth::rnr_timer_ns(timer), p.bth.psn));
+                pending = Some((rec.ts_ns, wire::aeth::rnr_timer_ns(timer), psn));
             }
+            (Some(Syndrome::RnrNak { .. }), Some((_, _, first))) if first == psn && answers => {}
             (Some(Syndrome::RnrNak { .. }), Some(_)) => {
                 return Err("two RNR NAKs without a retry between them".into())
             }
-            (_, Some((t0, asked, psn))) if is_req && p.bth.psn == psn => {
+            (_, Some((t0, asked, nak_psn))) if is_req && psn == nak_psn => {
                 out.push((asked, rec.ts_ns.saturating_sub(t0)));
                 pending = None;
             }
@@ -619,6 +639,12 @@ mod tests {
 
     /// A capture: RNR NAK for PSN 5 at 0 ms, retry at `retry_ms`.
     fn rnr_capture(retry_ms: u64) -> Vec<u8> {
+        rnr_capture_of(&[(0, false), (retry_ms, true)])
+    }
+
+    /// A capture of PSN 5's packets: at each time (ms), an RNR NAK from
+    /// the responder, or (true) the requester's SEND.
+    fn rnr_capture_of(events: &[(u64, bool)]) -> Vec<u8> {
         use wire::aeth::{AethRepr, Syndrome};
         let info = |src: &str, dst: &str| wire::icrc::IpUdpInfo {
             src: src.parse().unwrap(),
@@ -670,11 +696,43 @@ mod tests {
         );
         let send = pkt(wire::Opcode::RC_SEND_ONLY, None, b"abcd");
         let mut w = wire::pcap::PcapWriter::new(Vec::new()).unwrap();
-        w.write_roce(0, &info("10.0.0.2", "10.0.0.1"), &nak)
-            .unwrap();
-        w.write_roce(retry_ms * 1_000_000, &info("10.0.0.1", "10.0.0.2"), &send)
-            .unwrap();
+        for &(ms, is_send) in events {
+            let (src, dst, b) = if is_send {
+                ("10.0.0.1", "10.0.0.2", &send)
+            } else {
+                ("10.0.0.2", "10.0.0.1", &nak)
+            };
+            w.write_roce(ms * 1_000_000, &info(src, dst), b).unwrap();
+        }
         w.into_inner()
+    }
+
+    /// A requester that sent its packet again before the responder's RNR
+    /// NAK came gets two NAKs in a row: not an error, timed from the
+    /// first. Two NAKs for one transmission are.
+    #[test]
+    fn two_rnr_naks_answer_two_transmissions() {
+        let twice = [
+            (0, true),
+            (67, true),
+            (180, false),
+            (181, false),
+            (200, true),
+        ];
+        assert_eq!(
+            rnr_backoffs(&rnr_capture_of(&twice)).unwrap(),
+            vec![(10_240_000, 20_000_000)]
+        );
+        let once = [(0, true), (180, false), (181, false), (200, true)];
+        assert!(rnr_backoffs(&rnr_capture_of(&once)).is_err());
+        let none_left = [
+            (0, true),
+            (67, true),
+            (180, false),
+            (181, false),
+            (182, false),
+        ];
+        assert!(rnr_backoffs(&rnr_capture_of(&none_left)).is_err());
     }
 
     #[test]
