@@ -54,6 +54,21 @@ fn write(wr_id: u64, remote: (u64, u32), local: (u64, u32), len: u32) -> SendWr 
     )
 }
 
+fn read(wr_id: u64, remote: (u64, u32), local: (u64, u32), len: u32) -> SendWr {
+    SendWr::new(
+        wr_id,
+        SendOp::RdmaRead {
+            remote_addr: remote.0,
+            rkey: remote.1,
+        },
+        vec![Sge {
+            addr: local.0,
+            length: len,
+            lkey: local.1,
+        }],
+    )
+}
+
 fn psn(t: &Transmit) -> u32 {
     PacketRepr::parse(&t.payload).unwrap().bth.psn.value()
 }
@@ -248,20 +263,9 @@ fn a_responder_is_a_write_target_only_when_a_write_only_would_run_at_once() {
 
     // A READ whose reply is not out yet: a later WRITE would wait for it.
     let (dst, dst_lkey, _) = mr(&mut n, 0, a.pd, 16 * 1024);
-    let read = SendWr::new(
-        2,
-        SendOp::RdmaRead {
-            remote_addr: x,
-            rkey: x_rkey,
-        },
-        vec![Sge {
-            addr: dst,
-            length: 16 * 1024,
-            lkey: dst_lkey,
-        }],
-    );
+    let wr = read(2, (x, x_rkey), (dst, dst_lkey), 16 * 1024);
     let now = n.now();
-    n.node(0).post_send(now, a.qpn, read).unwrap();
+    n.node(0).post_send(now, a.qpn, wr).unwrap();
     let req = n.take_transmits(0);
     n.deliver_now(1, &req);
     assert_eq!(target(&mut n), None, "a READ reply is under way");
@@ -414,4 +418,46 @@ fn a_read_request_says_where_its_responses_go_when_asked() {
         read(&mut n, 7, vec![sge(ro, 2000, ro_lkey)]),
         (None, WcStatus::LocProtErr)
     );
+}
+
+/// A responder takes a request as new only at the PSN it expects next
+/// (`Engine::takes_new_request`, which keeps a peer from placing the
+/// responses to a READ asked again): not a duplicate, not another QP.
+#[test]
+fn a_request_is_new_only_at_the_psn_its_responder_expects() {
+    let opts = ConnectOpts {
+        psn_a: 0,
+        ..ConnectOpts::default()
+    };
+    let (mut n, a, b) = setup(&opts);
+    let (x, _, x_rkey) = mr(&mut n, 1, b.pd, 16 * 1024);
+    let (dst, dst_lkey, _) = mr(&mut n, 0, a.pd, 16 * 1024);
+    assert_eq!(n.node(1).takes_new_request(b.qpn, 0), Some(a.qpn));
+    assert_eq!(n.node(1).takes_new_request(b.qpn, 1), None);
+    assert_eq!(n.node(1).takes_new_request(0x7777, 0), None, "no such QP");
+    // A READ of 3 packets' worth at PSN 0: the next new request is at 3,
+    // and PSN 0 asked again is a duplicate.
+    let now = n.now();
+    let wr = read(1, (x, x_rkey), (dst, dst_lkey), 3000);
+    n.node(0).post_send(now, a.qpn, wr).unwrap();
+    let req = n.take_transmits(0);
+    n.deliver_now(1, &req);
+    assert_eq!(n.node(1).takes_new_request(b.qpn, 0), None, "a duplicate");
+    assert_eq!(n.node(1).takes_new_request(b.qpn, 3), Some(a.qpn));
+    let resp = n.take_transmits(1);
+    n.deliver_now(0, &resp);
+    assert_eq!(
+        n.node(0).poll_cq(a.send_cq, 4).unwrap()[0].status,
+        WcStatus::Success
+    );
+    // A responder in ERR takes nothing.
+    let now = n.now();
+    let attr = QpAttr {
+        qp_state: Some(QpState::Err),
+        ..QpAttr::default()
+    };
+    n.node(1)
+        .modify_qp(now, b.qpn, &attr, QpAttrMask::STATE)
+        .unwrap();
+    assert_eq!(n.node(1).takes_new_request(b.qpn, 3), None, "in ERR");
 }

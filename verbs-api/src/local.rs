@@ -498,7 +498,10 @@ impl LocalLink {
                         &h,
                     );
                 }
-            } else if op.is_some_and(is_read_response) && !reads.is_empty() {
+            } else if op.is_some_and(is_read_response)
+                && !reads.is_empty()
+                && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0
+            {
                 if let Some(r) = self.push_read_response(inbox, slot, t, tos, icrc, reads) {
                     return r;
                 }
@@ -640,23 +643,28 @@ impl LocalLink {
         reads: &mut Reads,
     ) -> Option<Result<(), PushError>> {
         let bth = wire::bth::Packet::new_checked(&t.payload[..]).ok()?;
-        let plans = reads.get_mut(&(slot, bth.dest_qpn()))?;
+        let key = (slot, bth.dest_qpn());
+        let plans = reads.get_mut(&key)?;
         let psn = bth.psn().value();
         let i = plans
             .iter()
             .position(|r| psn.wrapping_sub(r.psn) & 0x00ff_ffff < r.npsn)?;
         let r = &mut plans[i];
         let k = psn.wrapping_sub(r.psn) & 0x00ff_ffff;
-        if k != r.next || !std::ptr::eq(&*r.inbox, inbox) {
-            // Answered again (a duplicate request), or out of step: the
-            // rest of this READ goes unplaced.
-            plans.remove(i);
-            return None;
-        }
+        // Answered again (a duplicate request), or out of step: the rest
+        // of this READ goes unplaced.
+        let in_step = k == r.next && std::ptr::eq(&*r.inbox, inbox);
         r.next += 1;
         let hint = r.hint;
-        if r.next == r.npsn {
+        if !in_step || r.next == r.npsn {
             plans.remove(i);
+            // (No READ of that QP kept: no look at later responses.)
+            if plans.is_empty() {
+                reads.remove(&key);
+            }
+        }
+        if !in_step {
+            return None;
         }
         // Only a payload the engine left in memory (one range of an MR,
         // 256 bytes or more), with an ICRC no one checks, and no tracer
