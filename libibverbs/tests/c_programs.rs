@@ -32,7 +32,10 @@
 //! (`tests/c/read_placed.c`: all of a READ's responses placed, every byte
 //! where it belongs; a last response too short to place, a READ too
 //! short to hint, and a READ into an MR without local write access, which
-//! fails, placed nothing).
+//! fails, placed nothing), and none placed once the READ can no longer
+//! take them (`tests/c/read_placed_end.c`: its destination MR
+//! deregistered, its QP moved to ERR or destroyed while its responses
+//! are being placed; not a byte written after the call returns).
 
 mod common;
 
@@ -83,6 +86,11 @@ fn a_chain_is_posted_whole_and_only_its_last_write_may_be_placed_from_c() {
 #[test]
 fn read_responses_placed_by_their_responder_from_c() {
     run_c("read_placed", "rxe0=127.0.95.8");
+}
+
+#[test]
+fn a_read_cut_short_by_dereg_err_or_destroy_is_placed_no_further_from_c() {
+    run_c("read_placed_end", "rxe0=127.0.95.9");
 }
 
 fn run_c(name: &str, device: &str) {
