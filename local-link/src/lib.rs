@@ -59,7 +59,9 @@ mod remap;
 pub mod shared_mr;
 mod shm;
 
-pub use place::{placed_shared, placement_way, PlaceError, PlaceableMr, PlaceableQp, Placement};
+pub use place::{
+    placed_shared, placement_way, PlaceError, PlaceableMr, PlaceableQp, Placement, PlacingRun,
+};
 pub use shared_mr::SharedPages;
 pub use shm::monotonic_ns;
 
@@ -95,7 +97,7 @@ pub(crate) const OFF_READ_EPOCH: usize = 384;
 pub const POLL_STALE: std::time::Duration = std::time::Duration::from_millis(1);
 const REC: usize = 8;
 /// Record flag: the datagram's payload is not in the record (its sender
-/// placed it; see [`Inbox::place_and_push`]).
+/// placed it; see [`PlacingRun::place_and_push`]).
 const ELIDED: u8 = 8;
 /// Record flag: a READ request's record carries where its responses may
 /// be placed ([`ReadHint`], after the placed address if any).
@@ -539,7 +541,7 @@ impl Inbox {
 
     /// Producer: as [`Inbox::push_with`], for a READ request whose
     /// responses may be placed where `hint` says
-    /// ([`Inbox::place_read_and_push`]).
+    /// ([`PlacingRun::place_read_and_push`]).
     pub fn push_hinted(
         &self,
         ring: usize,

@@ -29,7 +29,7 @@
 //! memory) writes the payload into the consumer's memory (a copy into
 //! those pages, or through its `/proc/<pid>/mem` or with
 //! `process_vm_writev`, whichever is faster here: [`WayChoice`];
-//! [`Inbox::place_and_push`]) and then pushes the packet as usual, marked
+//! [`PlacingRun::place_and_push`]) and then pushes the packet as usual, marked
 //! with the host address it wrote, and without the payload if it asks
 //! (the record says where it was left out). The consumer's engine
 //! checks and acknowledges the packet exactly as any other; only its copy
@@ -48,7 +48,7 @@
 //! ([`crate::ReadHint`], [`Inbox::push_hinted`]): where it lies in its
 //! shared pages, the path MTU, and its READ epoch. The responder's driver
 //! keeps it for a request its engine takes as new and places each
-//! response once, in order ([`Inbox::place_read_and_push`]), only into
+//! response once, in order ([`PlacingRun::place_read_and_push`]), only into
 //! those pages, and only while the requester's epoch is the hint's. The
 //! requester moves its epoch on ([`Inbox::end_read_hints`], which waits
 //! for placements in flight as [`Inbox::unpublish_mr`] does) before
@@ -426,61 +426,31 @@ impl Inbox {
         self.wait_for_placements();
     }
 
-    /// Producer (the process in slot `ring`): [`Inbox::push`] `datagram`,
-    /// the first transmission of an RC RDMA WRITE packet described by `p`,
-    /// after writing its payload into the consumer's memory if the
-    /// consumer's tables say its responder would, now, write it there.
-    /// Nothing is written unless the record fits in the ring, so a placed
-    /// payload is always followed by its packet. Returns the push's
-    /// result and, inside, where the payload was placed or why not.
-    /// `icrc`: as for [`Inbox::push_with`].
+    /// Producer (the process in slot `ring`): start a run of placements
+    /// into this inbox, which lasts until the [`PlacingRun`] is dropped.
+    /// The ring's `placing` counter is odd for the whole run: a consumer
+    /// that withdraws an MR (or placement, or its READ hints) from here on
+    /// waits for the run's end; everything a placement decides on is read
+    /// after the counter went odd. It stays odd until the packet of every
+    /// placement of the run is in the ring, so that a consumer whose
+    /// withdrawal returned finds those packets in its inbox, and can have
+    /// its engine take them while the MR is still registered (its
+    /// application may see a payload, and deregister, before its engine
+    /// has read the packet: kernel rxe's responder has checked the rkey
+    /// before the payload is written, so the WRITE succeeds).
     ///
-    /// Call it only with nothing before `datagram` for this inbox still
-    /// waiting to be pushed, and from one thread of the process at a time.
-    pub fn place_and_push(
-        &self,
-        ring: usize,
-        src_port: u16,
-        tos: u8,
-        datagram: &[u8],
-        p: &Placement<'_>,
-        icrc: crate::Icrc,
-    ) -> Result<Result<u64, PlaceError>, PushError> {
-        self.placing(ring, datagram.len(), || {
-            let placed = self.place_checked(p);
-            let at = placed.as_ref().ok().copied();
-            let extra = crate::Extra {
-                placed: at,
-                elide: p.elide.filter(|_| at.is_some()),
-                ..crate::Extra::default()
-            };
-            (
-                placed,
-                self.push_record(ring, src_port, tos, datagram, icrc, extra),
-            )
-        })
-    }
-
-    /// Producer: with room in ring `ring` for a `len`-byte datagram's
-    /// whole record (what goes when its payload is not placed after all),
-    /// run `place_and_push` (a placement and the push of its packet) with
-    /// the ring's `placing` counter odd. Odd: a consumer that withdraws an
-    /// MR (or placement, or its READ hints) from here on waits for us;
-    /// everything we decide on is read after this. It stays odd until the
-    /// packet is in the ring, so that a consumer whose withdrawal returned
-    /// finds the packet of every placement into that MR in its inbox, and
-    /// can have its engine take them while the MR is still registered
-    /// (its application may see the payload, and deregister, before its
-    /// engine has read the packet: kernel rxe's responder has checked the
-    /// rkey before the payload is written, so the WRITE succeeds).
-    fn placing(
-        &self,
-        ring: usize,
-        len: usize,
-        place_and_push: impl FnOnce() -> (Result<u64, PlaceError>, Result<(), PushError>),
-    ) -> Result<Result<u64, PlaceError>, PushError> {
-        if !self.has_room_placed(ring, len)? {
-            return Err(PushError::Full);
+    /// One run for many placements: every locked instruction (the
+    /// counter's sequentially consistent store and fence, the mappings'
+    /// lock, a shared count) waits for the stores before it to leave the
+    /// store buffer, and after a payload's copy that is the whole copy;
+    /// per READ response they were a quarter of a responder's time in a
+    /// host `ib_read_bw` (perf). A run holds the counter odd and the
+    /// mappings locked from its first placement to its end, so keep it to
+    /// one batch of packets (a consumer's withdrawal waits for it), and
+    /// use it from one thread at a time (the type is not `Send`).
+    pub fn placing_run(&self, ring: usize) -> Result<PlacingRun<'_>, PushError> {
+        if ring >= self.layout.rings {
+            return Err(PushError::Invalid);
         }
         if self.is_closed() {
             return Err(PushError::Closed);
@@ -492,13 +462,17 @@ impl Inbox {
             pid_word.store(me, SeqCst);
         }
         let placing = self.map.u64_at(ctrl + CTRL_PLACING);
-        let before = placing.load(Relaxed);
-        placing.store(before | 1, SeqCst);
+        let odd = placing.load(Relaxed) | 1;
+        placing.store(odd, SeqCst);
         fence(SeqCst);
-        let (placed, pushed) = place_and_push();
-        placing.store((before | 1).wrapping_add(1), SeqCst);
-        pushed?;
-        Ok(placed)
+        Ok(PlacingRun {
+            inbox: self,
+            ring,
+            odd,
+            maps: None,
+            shared: 0,
+            _not_send: std::marker::PhantomData,
+        })
     }
 
     /// Consumer: the READ epoch a [`crate::ReadHint`] given now carries.
@@ -517,7 +491,73 @@ impl Inbox {
         self.wait_for_placements();
     }
 
-    /// Producer (the process in slot `ring`): push `datagram`, the `k`th
+    /// The consumer's process ID, if it offers placement and names a
+    /// process of this PID namespace (one from another namespace names
+    /// another process here: containers that share one daemon).
+    fn owner_pid(&self) -> Option<i32> {
+        let pid = self.map.u32_at(OFF_OWNER_PID).load(SeqCst);
+        if pid == 0 || pid > i32::MAX as u32 {
+            return None;
+        }
+        (pid_namespace() == Some(self.map.u64_at(OFF_OWNER_PIDNS).load(SeqCst)))
+            .then_some(pid as i32)
+    }
+}
+
+/// A run of placements into one ring of an inbox, from
+/// [`Inbox::placing_run`] to its drop: the ring's `placing` counter odd
+/// throughout, the producer's mappings of the consumer's memfds locked
+/// from the run's first placement through shared pages.
+pub struct PlacingRun<'a> {
+    inbox: &'a Inbox,
+    ring: usize,
+    /// The counter's value during the run.
+    odd: u64,
+    maps: Option<std::sync::MutexGuard<'a, Vec<SharedMap>>>,
+    /// Placements through shared pages, counted at the end.
+    shared: u64,
+    /// Dropped where it was made: it holds a lock.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl PlacingRun<'_> {
+    /// Push `datagram`, the first transmission of an RC RDMA WRITE packet
+    /// described by `p`, into the run's ring, after writing its payload
+    /// into the consumer's memory if the consumer's tables say its
+    /// responder would, now, write it there: with room in the ring for
+    /// the packet's whole record (what goes when its payload is not
+    /// placed after all; nothing is written otherwise, so a placed
+    /// payload is always followed by its packet), place it if the
+    /// consumer's tables allow, then push the packet. Returns the push's
+    /// result and, inside, where the payload was placed or why not.
+    /// `icrc`: as for [`Inbox::push_with`].
+    ///
+    /// Call it only with nothing before `datagram` for this inbox still
+    /// waiting to be pushed.
+    pub fn place_and_push(
+        &mut self,
+        src_port: u16,
+        tos: u8,
+        datagram: &[u8],
+        p: &Placement<'_>,
+        icrc: crate::Icrc,
+    ) -> Result<Result<u64, PlaceError>, PushError> {
+        if !self.inbox.has_room_placed(self.ring, datagram.len())? {
+            return Err(PushError::Full);
+        }
+        let placed = self.place_checked(p);
+        let at = placed.as_ref().ok().copied();
+        let extra = crate::Extra {
+            placed: at,
+            elide: p.elide.filter(|_| at.is_some()),
+            ..crate::Extra::default()
+        };
+        self.inbox
+            .push_record(self.ring, src_port, tos, datagram, icrc, extra)?;
+        Ok(placed)
+    }
+
+    /// Push `datagram` into the run's ring, the `k`th
     /// response (from 0) to the READ request whose record carried `hint`,
     /// after writing its payload where the requester's completer would:
     /// `hint.host + k * hint.mtu`. The payload, bytes `at..at + len` of
@@ -526,15 +566,14 @@ impl Inbox {
     /// shared pages, while its READ epoch is the hint's, for a payload of
     /// the size the requester takes there (`mtu`, or what is left of the
     /// READ); a placed payload is left out of the record, one that is not
-    /// is copied into it. Returns as [`Inbox::place_and_push`], with the
-    /// same rules for its caller.
+    /// is copied into it. Returns as [`PlacingRun::place_and_push`], with
+    /// the same rules for its caller.
     ///
     /// # Safety
     /// `payload` must be valid for reads of `len` bytes during the call.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn place_read_and_push(
-        &self,
-        ring: usize,
+        &mut self,
         src_port: u16,
         tos: u8,
         datagram: &[u8],
@@ -550,43 +589,44 @@ impl Inbox {
         {
             return Err(PushError::Invalid);
         }
-        self.placing(ring, datagram.len(), || {
-            // SAFETY: the caller vouches for `payload`.
-            let placed = unsafe { self.place_read(hint, k, payload, len) };
-            let extra = match placed {
-                Ok(host) => crate::Extra {
-                    placed: Some(host),
-                    elide: Some((at, len)),
-                    ..crate::Extra::default()
-                },
-                // Unplaced: the payload goes into the record.
-                Err(_) => crate::Extra {
-                    gap: Some(crate::Gap {
-                        at,
-                        src: payload,
-                        len,
-                    }),
-                    ..crate::Extra::default()
-                },
-            };
-            (
-                placed,
-                self.push_record(ring, src_port, tos, datagram, icrc, extra),
-            )
-        })
+        if !self.inbox.has_room_placed(self.ring, datagram.len())? {
+            return Err(PushError::Full);
+        }
+        // SAFETY: the caller vouches for `payload`.
+        let placed = unsafe { self.place_read(hint, k, payload, len) };
+        let extra = match placed {
+            Ok(host) => crate::Extra {
+                placed: Some(host),
+                elide: Some((at, len)),
+                ..crate::Extra::default()
+            },
+            // Unplaced: the payload goes into the record.
+            Err(_) => crate::Extra {
+                gap: Some(crate::Gap {
+                    at,
+                    src: payload,
+                    len,
+                }),
+                ..crate::Extra::default()
+            },
+        };
+        self.inbox
+            .push_record(self.ring, src_port, tos, datagram, icrc, extra)?;
+        Ok(placed)
     }
 
     /// # Safety
-    /// As [`Inbox::place_read_and_push`].
+    /// As [`PlacingRun::place_read_and_push`].
     unsafe fn place_read(
-        &self,
+        &mut self,
         hint: &crate::ReadHint,
         k: u32,
         payload: *const u8,
         n: usize,
     ) -> Result<u64, PlaceError> {
-        let pid = self.owner_pid().ok_or(PlaceError::Refused)?;
-        if self.read_epoch() != hint.epoch {
+        let inbox = self.inbox;
+        let pid = inbox.owner_pid().ok_or(PlaceError::Refused)?;
+        if inbox.read_epoch() != hint.epoch {
             return Err(PlaceError::NotNow);
         }
         let offset = u64::from(k) * u64::from(hint.mtu);
@@ -604,39 +644,40 @@ impl Inbox {
             .checked_add(offset)
             .and_then(|o| usize::try_from(o).ok())
             .ok_or(PlaceError::NotNow)?;
-        let mut maps = self.shared_maps.lock().unwrap_or_else(|p| p.into_inner());
         // A memfd that does not open (gone with its MR's pages) refuses
         // this READ only.
-        let i = self
-            .shared_map(&mut maps, pid, hint.pages)
+        let map = self
+            .map_of(pid, hint.pages, true)
             .ok_or(PlaceError::NotNow)?;
-        maps[i].reads = true;
-        let map = maps[i].map.as_ref().ok_or(PlaceError::NotNow)?;
         if off.checked_add(n).is_none_or(|end| end > map.len()) {
             return Err(PlaceError::NotNow);
         }
         // SAFETY: `off..off + n` lies in the mapping (checked above); the
         // caller vouches for `payload`.
         unsafe { map.write_raw(off, payload, n) };
-        PLACED_SHARED.fetch_add(1, Relaxed);
+        self.shared += 1;
         Ok(hint.host.wrapping_add(offset))
     }
 
-    /// The consumer's process ID, if it offers placement and names a
-    /// process of this PID namespace (one from another namespace names
-    /// another process here: containers that share one daemon).
-    fn owner_pid(&self) -> Option<i32> {
-        let pid = self.map.u32_at(OFF_OWNER_PID).load(SeqCst);
-        if pid == 0 || pid > i32::MAX as u32 {
-            return None;
-        }
-        (pid_namespace() == Some(self.map.u64_at(OFF_OWNER_PIDNS).load(SeqCst)))
-            .then_some(pid as i32)
+    /// This producer's mapping of memfd `s` of process `pid` (mapped now
+    /// if it is not yet: [`Inbox::shared_map`]), with the mappings locked
+    /// until the run's end. `read`: for a READ's responses, whose
+    /// destination no table names, so the mapping is kept when mappings
+    /// no table names are dropped (a WRITE's MR is in the consumer's).
+    fn map_of(&mut self, pid: i32, s: crate::SharedPages, read: bool) -> Option<&shm::Mapping> {
+        let inbox = self.inbox;
+        let maps = self
+            .maps
+            .get_or_insert_with(|| inbox.shared_maps.lock().unwrap_or_else(|p| p.into_inner()));
+        let i = inbox.shared_map(maps, pid, s)?;
+        maps[i].reads |= read;
+        maps[i].map.as_ref()
     }
 
-    fn place_checked(&self, p: &Placement<'_>) -> Result<u64, PlaceError> {
-        let pid = self.owner_pid().ok_or(PlaceError::Refused)?;
-        let qp = self.lookup_qp(p.qpn).ok_or(PlaceError::NotNow)?;
+    fn place_checked(&mut self, p: &Placement<'_>) -> Result<u64, PlaceError> {
+        let inbox = self.inbox;
+        let pid = inbox.owner_pid().ok_or(PlaceError::Refused)?;
+        let qp = inbox.lookup_qp(p.qpn).ok_or(PlaceError::NotNow)?;
         const PSN_MASK: u32 = 0x00ff_ffff;
         let in_step = match p.first_psn {
             // A new message: its responder ready for it at this PSN.
@@ -657,7 +698,7 @@ impl Inbox {
         if !in_step {
             return Err(PlaceError::NotNow);
         }
-        let mr = self.lookup_mr(p.rkey).ok_or(PlaceError::NotNow)?;
+        let mr = inbox.lookup_mr(p.rkey).ok_or(PlaceError::NotNow)?;
         let len = (p.data.len() as u64).max(p.span);
         let inside =
             mr.pd == qp.pd && p.va >= mr.iova && len <= mr.len && p.va - mr.iova <= mr.len - len;
@@ -674,7 +715,7 @@ impl Inbox {
             // more than the copies it saves the consumer.
             return Err(PlaceError::NotNow);
         }
-        match self.write_owner(pid, host, p.data) {
+        match inbox.write_owner(pid, host, p.data) {
             Ok(n) if n == p.data.len() => Ok(host),
             Ok(_) => Err(PlaceError::Fault),
             Err(e) => match e.raw_os_error() {
@@ -684,9 +725,6 @@ impl Inbox {
             },
         }
     }
-}
-
-impl Inbox {
     /// Write `data` at `host` of the owner, process `pid`, through this
     /// process's mapping of the memfd that holds `mr`'s whole pages, if
     /// they are in one and `host..host + len` lies in them: a memory
@@ -695,7 +733,7 @@ impl Inbox {
     /// the process's memory needs, and checking the file's inode) and
     /// kept. `None`: write it another way.
     fn write_shared(
-        &self,
+        &mut self,
         pid: i32,
         mr: &PlaceableMr,
         host: u64,
@@ -707,17 +745,34 @@ impl Inbox {
             return None;
         }
         let off = usize::try_from(s.off.checked_add(host - first)?).ok()?;
-        let mut maps = self.shared_maps.lock().unwrap_or_else(|p| p.into_inner());
-        let i = self.shared_map(&mut maps, pid, s)?;
-        let map = maps[i].map.as_ref()?;
+        let map = self.map_of(pid, s, false)?;
         if off.checked_add(data.len())? > map.len() {
             return None;
         }
         map.write(off, data);
-        PLACED_SHARED.fetch_add(1, Relaxed);
+        self.shared += 1;
         Some(Ok(host))
     }
+}
 
+impl Drop for PlacingRun<'_> {
+    fn drop(&mut self) {
+        if self.shared > 0 {
+            PLACED_SHARED.fetch_add(self.shared, Relaxed);
+        }
+        self.maps = None;
+        // Release: every placement's bytes and every record pushed in the
+        // run are visible before a consumer that waits sees the counter
+        // move on (x86: a plain store, no wait for the store buffer).
+        let ctrl = self.inbox.layout.ctrl(self.ring);
+        self.inbox
+            .map
+            .u64_at(ctrl + CTRL_PLACING)
+            .store(self.odd.wrapping_add(1), Release);
+    }
+}
+
+impl Inbox {
     /// The index in `maps` of this process's mapping of the memfd `s` of
     /// process `pid`, mapped now if it is not yet. `None`: it does not
     /// open (no rights, the owner gone), now or when first tried.

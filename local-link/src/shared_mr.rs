@@ -636,7 +636,9 @@ mod tests {
                 ..Default::default()
             };
             let r = tx
-                .place_and_push(1, 4791, 0, &[0u8; 40], &pl, Icrc::Unchecked)
+                .placing_run(1)
+                .unwrap()
+                .place_and_push(4791, 0, &[0u8; 40], &pl, Icrc::Unchecked)
                 .unwrap();
             let mut buf = vec![0u8; crate::MAX_DATAGRAM];
             rx.pop(&mut buf).unwrap();
@@ -728,7 +730,9 @@ mod tests {
                 ..pl
             };
             let r = tx
-                .place_and_push(1, 4791, 0, &dg, &pl, Icrc::Right)
+                .placing_run(1)
+                .unwrap()
+                .place_and_push(4791, 0, &dg, &pl, Icrc::Right)
                 .unwrap();
             buf.fill(0xee);
             let got = rx.pop(&mut buf).unwrap();
@@ -857,7 +861,9 @@ mod tests {
             ..Default::default()
         };
         let r = tx
-            .place_and_push(1, 4791, 0, &[0u8; 40], &pl, Icrc::Unchecked)
+            .placing_run(1)
+            .unwrap()
+            .place_and_push(4791, 0, &[0u8; 40], &pl, Icrc::Unchecked)
             .unwrap();
         assert_eq!(r, Ok(host + p + 4));
         assert_eq!(crate::placed_shared(), before + 1);

@@ -86,7 +86,9 @@ fn try_place(tx: &Inbox, rx: &Inbox, psn: u32, va: u64, data: &[u8]) -> Result<u
         ..Default::default()
     };
     let r = tx
-        .place_and_push(1, 4791, 0, &packet, &p, local_link::Icrc::Unchecked)
+        .placing_run(1)
+        .unwrap()
+        .place_and_push(4791, 0, &packet, &p, local_link::Icrc::Unchecked)
         .unwrap();
     // The packet follows either way, marked with where it was placed.
     let mut buf = vec![0u8; MAX_DATAGRAM];
@@ -210,7 +212,9 @@ fn nothing_is_placed_unless_the_packet_fits_in_the_ring_after_it() {
         ..Default::default()
     };
     assert_eq!(
-        tx.place_and_push(1, 1, 0, &big, &p, local_link::Icrc::Unchecked),
+        tx.placing_run(1)
+            .unwrap()
+            .place_and_push(1, 0, &big, &p, local_link::Icrc::Unchecked),
         Err(PushError::Full)
     );
     assert_eq!(t.now(), vec![0u8; 64], "nothing placed");
@@ -407,8 +411,7 @@ fn place_response(
     let payload = vec![fill; n];
     // SAFETY: `payload` holds `n` bytes for the whole call.
     let r = unsafe {
-        tx.place_read_and_push(
-            1,
+        tx.placing_run(1).unwrap().place_read_and_push(
             4791,
             0,
             &packet,
@@ -519,4 +522,69 @@ fn ending_read_hints_waits_for_a_placement_in_flight() {
     let f = InboxFile::create("t", 2, RING).unwrap();
     let rx = Arc::new(open(&f));
     waits_for_the_placement_in_flight(&f, &rx, 7, |rx| rx.end_read_hints());
+}
+
+#[test]
+fn a_run_of_placements_holds_off_the_end_of_read_hints_until_it_ends() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let tx = open(&f);
+    let rx = Arc::new(open(&f));
+    assert!(rx.offer_placement());
+    let pages = Pages::new();
+    let hint = pages.hint(&rx, 0, 4096, 1024);
+    let packet = vec![0xab; 12 + 1024 + 4];
+    let payload = [vec![1u8; 1024], vec![2u8; 1024]];
+    let mut run = tx.placing_run(1).unwrap();
+    // SAFETY (both): `payload[k]` holds 1024 bytes for the whole call.
+    let place = |run: &mut local_link::PlacingRun<'_>, k: u32| unsafe {
+        run.place_read_and_push(
+            4791,
+            0,
+            &packet,
+            &hint,
+            k,
+            12,
+            payload[k as usize].as_ptr(),
+            1024,
+            local_link::Icrc::Right,
+        )
+        .unwrap()
+    };
+    assert_eq!(place(&mut run, 0), Ok(hint.host));
+    let done = Arc::new(AtomicBool::new(false));
+    let ender = {
+        let (rx, done) = (rx.clone(), done.clone());
+        std::thread::spawn(move || {
+            rx.end_read_hints();
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    // The epoch moves on first; a placement of the run after that sees it.
+    while rx.read_epoch() == hint.epoch {
+        std::thread::yield_now();
+    }
+    assert_eq!(place(&mut run, 1), Err(PlaceError::NotNow));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "end_read_hints returned while a run was open"
+    );
+    drop(run);
+    ender.join().unwrap();
+    assert!(done.load(Ordering::SeqCst));
+    let mut want = vec![0u8; Pages::LEN];
+    want[..1024].fill(1);
+    assert_eq!(pages.now(), want);
+    // Both packets are in the ring, in order: the first placed (payload
+    // left out), the second whole.
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let got = rx.pop(&mut buf).unwrap();
+    assert_eq!(
+        (got.placed, got.elided),
+        (Some(hint.host), Some((12, 1024)))
+    );
+    let got = rx.pop(&mut buf).unwrap();
+    assert_eq!((got.placed, got.elided), (None, None));
+    assert_eq!(&buf[12..12 + 1024], &payload[1][..]);
+    assert!(rx.pop(&mut buf).is_none());
 }

@@ -407,7 +407,7 @@ pub(crate) struct Inner {
     progress_wakeups: std::sync::atomic::AtomicU64,
     wake_requests: std::sync::atomic::AtomicU64,
     /// Placed WRITEs (a peer wrote their payload into our memory,
-    /// `local_link::Inbox::place_and_push`) that the engine did not
+    /// `local_link::PlacingRun::place_and_push`) that the engine did not
     /// accept where they lay: `rxe-emu stat`'s `placed_refused`.
     placed_refused: std::sync::atomic::AtomicU64,
     /// The data socket reports each datagram's TOS (`IP_RECVTOS` /

@@ -75,6 +75,38 @@ struct Pending {
 /// [`Pending::writes`].
 type Writes = FxHashMap<(usize, u32), PlacedWrite>;
 
+/// What [`LocalLink::send`] keeps while it pushes: the placed WRITEs
+/// and READ plans (out of [`Pending`] meanwhile), and the placements
+/// made, counted at the end.
+struct SendState {
+    writes: Writes,
+    reads: Reads,
+    placed: u64,
+    placed_reads: u64,
+}
+
+/// The inbox that [`LocalLink::send`] pushes a run of datagrams into
+/// (consecutive datagrams to one slot), and the run of placements into
+/// it ([`local_link::PlacingRun`]), started at its first placement and
+/// ended with the datagrams' run: one odd period of the ring's
+/// `placing` counter for them all, not one per payload.
+struct ToInbox<'a> {
+    inbox: &'a Inbox,
+    slot: usize,
+    run: Option<local_link::PlacingRun<'a>>,
+}
+
+impl<'a> ToInbox<'a> {
+    /// The run of placements into ring `ring` (ours), started now if not
+    /// yet.
+    fn run(&mut self, ring: usize) -> Result<&mut local_link::PlacingRun<'a>, PushError> {
+        if self.run.is_none() {
+            self.run = Some(self.inbox.placing_run(ring)?);
+        }
+        Ok(self.run.as_mut().expect("started"))
+    }
+}
+
 /// [`Pending::reads`].
 type Reads = FxHashMap<(usize, u32), VecDeque<ReadPlan>>;
 
@@ -461,18 +493,16 @@ impl LocalLink {
     /// message into an MR whose pages are in shared memory. A placed
     /// payload is left out of the record when the packet needs no ICRC
     /// check (`intact`).
-    #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
-        inbox: &Inbox,
-        slot: usize,
+        to: &mut ToInbox<'_>,
         t: &mut Transmit,
         place: bool,
         intact: bool,
-        writes: &mut Writes,
-        reads: &mut Reads,
+        st: &mut SendState,
     ) -> Result<(), PushError> {
         use wire::Opcode;
+        let (inbox, slot) = (to.inbox, to.slot);
         let tos = t.ecn.tos(t.dscp);
         // Vouched for: its ICRC need not even be written (the consumer
         // writes it if it looks at the bytes). Otherwise it is checked.
@@ -499,10 +529,10 @@ impl LocalLink {
                     );
                 }
             } else if op.is_some_and(is_read_response)
-                && !reads.is_empty()
+                && !st.reads.is_empty()
                 && self.no_place.load(Ordering::Relaxed) & (1 << slot) == 0
             {
-                if let Some(r) = self.push_read_response(inbox, slot, t, tos, icrc, reads) {
+                if let Some(r) = self.push_read_response(to, t, tos, icrc, st) {
                     return r;
                 }
             }
@@ -539,7 +569,7 @@ impl LocalLink {
         // A MIDDLE or LAST is placed only after its message's FIRST was:
         // without one going on, it is neither parsed nor looked at.
         let going = if placeable && !starts {
-            writes.get(&(slot, qpn)).copied()
+            st.writes.get(&(slot, qpn)).copied()
         } else {
             None
         };
@@ -555,7 +585,7 @@ impl LocalLink {
             // MIDDLE or LAST retransmitted leaves it: whatever is placed
             // later is checked against the responder again).
             if starts || going.is_some() {
-                writes.remove(&(slot, qpn));
+                st.writes.remove(&(slot, qpn));
             }
             return crate::hostmem::push_gathered(inbox, self.slot, tos, t, icrc);
         };
@@ -591,16 +621,19 @@ impl LocalLink {
                 }
             }
             _ => {
-                writes.remove(&(slot, qpn));
+                st.writes.remove(&(slot, qpn));
                 return inbox.push_with(self.slot, t.info.src_port, tos, &t.payload, icrc);
             }
         };
         let (va, rkey, span, first_psn) = (p.va, p.rkey, p.span, p.first_psn);
-        match inbox.place_and_push(self.slot, t.info.src_port, tos, &t.payload, &p, icrc)? {
+        let placed =
+            to.run(self.slot)?
+                .place_and_push(t.info.src_port, tos, &t.payload, &p, icrc)?;
+        match placed {
             Ok(_) => {
-                self.placed.fetch_add(1, Ordering::Relaxed);
+                st.placed += 1;
                 if first {
-                    writes.insert(
+                    st.writes.insert(
                         (slot, qpn),
                         PlacedWrite {
                             first_psn: psn,
@@ -611,16 +644,16 @@ impl LocalLink {
                         },
                     );
                 } else if op == Some(Opcode::RC_RDMA_WRITE_MIDDLE) {
-                    if let Some(cur) = writes.get_mut(&(slot, qpn)) {
+                    if let Some(cur) = st.writes.get_mut(&(slot, qpn)) {
                         cur.next_psn = (psn + 1) & 0x00ff_ffff;
                         cur.next_va += len;
                     }
                 } else if first_psn.is_some() {
-                    writes.remove(&(slot, qpn));
+                    st.writes.remove(&(slot, qpn));
                 }
             }
             Err(e) => {
-                writes.remove(&(slot, qpn));
+                st.writes.remove(&(slot, qpn));
                 if e == PlaceError::Refused {
                     self.no_place.fetch_or(1 << slot, Ordering::Relaxed);
                 }
@@ -635,16 +668,16 @@ impl LocalLink {
     /// `None`: nothing to place it by (pushed the usual way).
     fn push_read_response(
         &self,
-        inbox: &Inbox,
-        slot: usize,
+        to: &mut ToInbox<'_>,
         t: &Transmit,
         tos: u8,
         icrc: Icrc,
-        reads: &mut Reads,
+        st: &mut SendState,
     ) -> Option<Result<(), PushError>> {
+        let (inbox, slot) = (to.inbox, to.slot);
         let bth = wire::bth::Packet::new_checked(&t.payload[..]).ok()?;
         let key = (slot, bth.dest_qpn());
-        let plans = reads.get_mut(&key)?;
+        let plans = st.reads.get_mut(&key)?;
         let psn = bth.psn().value();
         let i = plans
             .iter()
@@ -660,7 +693,7 @@ impl LocalLink {
             plans.remove(i);
             // (No READ of that QP kept: no look at later responses.)
             if plans.is_empty() {
-                reads.remove(&key);
+                st.reads.remove(&key);
             }
         }
         if !in_step {
@@ -678,9 +711,12 @@ impl LocalLink {
         // is mapped, readable memory of this process for the whole call
         // (a checked range of a registered MR, in the flush that took `t`
         // from the engine).
+        let run = match to.run(self.slot) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
         let res = unsafe {
-            inbox.place_read_and_push(
-                self.slot,
+            run.place_read_and_push(
                 t.info.src_port,
                 tos,
                 &t.payload,
@@ -694,7 +730,7 @@ impl LocalLink {
         };
         Some(res.map(|placed| match placed {
             Ok(_) => {
-                self.placed_reads.fetch_add(1, Ordering::Relaxed);
+                st.placed_reads += 1;
             }
             Err(PlaceError::Refused) => {
                 self.no_place.fetch_or(1 << slot, Ordering::Relaxed);
@@ -926,27 +962,49 @@ impl LocalLink {
         }
         // Payloads left in memory (`Transmit::gathered`) are completed for
         // every way but a push: the UDP path, a queue, a closed inbox.
-        // The placed WRITEs are out of `p` while `p` lends an inbox to
-        // each push.
-        let mut writes = std::mem::take(&mut p.writes);
-        let mut reads = std::mem::take(&mut p.reads);
-        for mut t in ts.drain(..) {
-            let Some(slot) = self.dest_slot(&t, addr) else {
-                out.udp.push(t);
-                continue;
+        let mut st = SendState {
+            writes: std::mem::take(&mut p.writes),
+            reads: std::mem::take(&mut p.reads),
+            placed: 0,
+            placed_reads: 0,
+        };
+        let mut ts = ts.drain(..).peekable();
+        // A datagram to push again (its inbox was closed: the slot may
+        // have a new owner with a new inbox), once.
+        let mut again: Option<(usize, Transmit)> = None;
+        loop {
+            let (slot, mut t, retried) = match again.take() {
+                Some((slot, t)) => (slot, t, true),
+                None => {
+                    let Some(t) = ts.next() else { break };
+                    match self.dest_slot(&t, addr) {
+                        Some(slot) => (slot, t, false),
+                        None => {
+                            out.udp.push(t);
+                            continue;
+                        }
+                    }
+                }
             };
             if p.queues.contains_key(&slot) {
                 // Behind what already waits for this inbox.
                 p.queue(slot, t, &mut out);
                 continue;
             }
-            let mut retried = false;
-            loop {
-                let Some(inbox) = self.inbox(p, slot, now) else {
-                    out.udp.push(t);
-                    break;
-                };
-                match self.push(inbox, slot, &mut t, place, intact, &mut writes, &mut reads) {
+            let Some(inbox) = self.inbox(p, slot, now).cloned() else {
+                out.udp.push(t);
+                continue;
+            };
+            // This datagram and the ones after it to the same inbox: one
+            // run of pushes, and of placements ([`ToInbox::run`]).
+            let mut to = ToInbox {
+                inbox: &inbox,
+                slot,
+                run: None,
+            };
+            let mut retried = retried;
+            let failed = loop {
+                match self.push(&mut to, &mut t, place, intact, &mut st) {
                     Ok(()) => {
                         sent(t);
                         p.kick_later(slot);
@@ -955,23 +1013,46 @@ impl LocalLink {
                         p.queue(slot, t, &mut out);
                         p.kick_later(slot);
                     }
-                    Err(PushError::Closed) if !retried => {
-                        // The slot may have a new owner with a new inbox.
-                        self.forget(p, slot, now(), true);
-                        writes.retain(|&(s, _), _| s != slot);
-                        reads.retain(|&(s, _), _| s != slot);
-                        retried = true;
-                        continue;
-                    }
-                    Err(_) => {
-                        self.forget(p, slot, now(), false);
-                        writes.retain(|&(s, _), _| s != slot);
-                        reads.retain(|&(s, _), _| s != slot);
-                        out.udp.push(t);
-                    }
+                    Err(e) => break Some((e, t)),
                 }
-                break;
+                match ts.peek() {
+                    Some(n)
+                        if !p.queues.contains_key(&slot)
+                            && self.dest_slot(n, addr) == Some(slot) =>
+                    {
+                        t = ts.next().expect("peeked");
+                        retried = false;
+                    }
+                    _ => break None,
+                }
+            };
+            drop(to);
+            if let Some((e, t)) = failed {
+                let retry = e == PushError::Closed && !retried;
+                self.forget(p, slot, now(), retry);
+                st.writes.retain(|&(s, _), _| s != slot);
+                st.reads.retain(|&(s, _), _| s != slot);
+                if retry {
+                    again = Some((slot, t));
+                } else {
+                    out.udp.push(t);
+                }
             }
+        }
+        drop(ts);
+        let SendState {
+            writes,
+            reads,
+            placed,
+            placed_reads,
+        } = st;
+        // Counted once per send: a locked increment per placement waited
+        // each time for the payload just copied to leave the store buffer.
+        if placed > 0 {
+            self.placed.fetch_add(placed, Ordering::Relaxed);
+        }
+        if placed_reads > 0 {
+            self.placed_reads.fetch_add(placed_reads, Ordering::Relaxed);
         }
         p.writes = writes;
         p.reads = reads;
