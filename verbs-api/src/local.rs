@@ -707,14 +707,14 @@ impl LocalLink {
         if icrc == Icrc::Unchecked || self.tracing.load(Ordering::Relaxed) {
             return None;
         }
-        // SAFETY: as in `hostmem::push_gathered`, `g.addr..g.addr + g.len`
-        // is mapped, readable memory of this process for the whole call
-        // (a checked range of a registered MR, in the flush that took `t`
-        // from the engine).
         let run = match to.run(self.slot) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
+        // SAFETY: as in `hostmem::push_gathered`, `g.addr..g.addr + g.len`
+        // is mapped, readable memory of this process for the whole call
+        // (a checked range of a registered MR, in the flush that took `t`
+        // from the engine).
         let res = unsafe {
             run.place_read_and_push(
                 t.info.src_port,
