@@ -447,7 +447,7 @@ impl Inbox {
     /// host `ib_read_bw` (perf). A run holds the counter odd and the
     /// mappings locked from its first placement to its end, so keep it to
     /// one batch of packets (a consumer's withdrawal waits for it), and
-    /// use it from one thread at a time (the type is not `Send`).
+    /// use it from one thread at a time (it holds a lock: not `Send`).
     pub fn placing_run(&self, ring: usize) -> Result<PlacingRun<'_>, PushError> {
         if ring >= self.layout.rings {
             return Err(PushError::Invalid);
@@ -471,7 +471,6 @@ impl Inbox {
             odd,
             maps: None,
             shared: 0,
-            _not_send: std::marker::PhantomData,
         })
     }
 
@@ -516,8 +515,6 @@ pub struct PlacingRun<'a> {
     maps: Option<std::sync::MutexGuard<'a, Vec<SharedMap>>>,
     /// Placements through shared pages, counted at the end.
     shared: u64,
-    /// Dropped where it was made: it holds a lock.
-    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl PlacingRun<'_> {

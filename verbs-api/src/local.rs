@@ -1080,3 +1080,116 @@ impl LocalLink {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLOT: usize = 1;
+
+    /// A RoCEv2 datagram to QP `qpn` of this host, `len` bytes, its
+    /// payload all `mark`.
+    fn datagram(addr: std::net::IpAddr, qpn: u32, mark: u8, len: usize) -> Transmit {
+        let mut payload = vec![mark; len];
+        // BTH: SEND ONLY (4) to `qpn`; only the opcode and QPN matter here.
+        payload[..12].fill(0);
+        payload[0] = 0x04;
+        payload[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        Transmit {
+            info: wire::icrc::IpUdpInfo {
+                src: addr,
+                dst: addr,
+                src_port: 0xc000,
+                dst_port: wire::ROCEV2_UDP_PORT,
+                ipv4_id: 0,
+                ipv4_flags_frag: 0x4000,
+            },
+            payload,
+            ecn: wire::Ecn::NotEct,
+            dscp: 0,
+            fresh: true,
+            last_posted: true,
+            icrc: true,
+            gathered: None,
+            read_dest: None,
+        }
+    }
+
+    /// Datagrams for a full inbox wait, and go in the order they were
+    /// sent, after those that went in, and a later one waits behind them
+    /// even where it would fit; a datagram to another slot between them
+    /// ends a run of pushes but not the order (here it has no inbox: the
+    /// daemon named is not there, so it goes by UDP).
+    #[test]
+    fn datagrams_behind_a_full_inbox_wait_in_order() {
+        let f = local_link::InboxFile::create("t", 4, 128 << 10).unwrap();
+        let own = Inbox::open(
+            f.memfd().try_clone_to_owned().unwrap(),
+            f.eventfd().try_clone_to_owned().unwrap(),
+        )
+        .unwrap();
+        let ll = LocalLink::new(
+            own,
+            SLOT,
+            PathBuf::from("/nonexistent/rxe-emu-test.sock"),
+            "rxe0".into(),
+            false,
+        );
+        let addr: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let now = || Instant(1);
+        let to_us = (SLOT as u32) << 16 | 0x11;
+        let elsewhere = 2 << 16 | 0x11;
+        // 32 datagrams into a ring of 128 KiB: 15 records of 8 KiB fill
+        // it but for 8,072 bytes, the rest are 12 KiB; one to slot 2
+        // among them.
+        let len = |i: u8| if i < 15 { 8192 } else { 12288 };
+        let mut ts: Vec<Transmit> = (0..32u8)
+            .map(|i| datagram(addr, to_us, i, len(i)))
+            .collect();
+        ts.insert(3, datagram(addr, elsewhere, 0xee, 64));
+        // Last, a short one that would fit: it waits behind them too.
+        ts.push(datagram(addr, to_us, 0x81, 64));
+        let mut sent = Vec::new();
+        let out = ll.send(&mut ts, addr, &now, false, true, |t| {
+            sent.push(t.payload[12])
+        });
+        assert_eq!(out.dropped, 0);
+        assert_eq!(out.udp.len(), 1);
+        assert_eq!(out.udp[0].payload[12], 0xee);
+        assert!(ll.has_pending(), "the inbox filled: some wait");
+        assert!(sent.len() < 32 && sent.iter().copied().eq(0..sent.len() as u8));
+        // The consumer takes one (8 KiB of room, where the first waiting
+        // needs 12 KiB); a short datagram sent now, which would fit at
+        // the ring's end, waits behind them.
+        let mut buf = vec![0u8; local_link::MAX_DATAGRAM];
+        let mut got = Vec::new();
+        let p = ll.own.pop(&mut buf).unwrap();
+        assert_eq!(p.len, len(0));
+        got.push(buf[12]);
+        let mut short = vec![datagram(addr, to_us, 0x80, 64)];
+        ll.send(&mut short, addr, &now, false, true, |t| {
+            sent.push(t.payload[12])
+        });
+        assert_ne!(sent.last(), Some(&0x80));
+        // The rest follows, in order.
+        while got.len() < 34 {
+            match ll.own.pop(&mut buf) {
+                Some(p) => {
+                    let n = got.len() as u8;
+                    assert_eq!(p.len, if n < 32 { len(n) } else { 64 });
+                    got.push(buf[12]);
+                }
+                None => {
+                    let before = sent.len();
+                    ll.send(&mut Vec::new(), addr, &now, false, true, |t| {
+                        sent.push(t.payload[12])
+                    });
+                    assert!(sent.len() > before, "nothing left the queue");
+                }
+            }
+        }
+        assert!(!ll.has_pending());
+        assert_eq!(got, (0..32).chain([0x81, 0x80]).collect::<Vec<u8>>());
+        assert_eq!(sent, got);
+    }
+}

@@ -114,16 +114,9 @@ int main(void)
 			struct ibv_mr *mr = ibv_reg_mr(sd.pd, dst, LEN, IBV_ACCESS_LOCAL_WRITE);
 			CHECK(mr, "reg_mr");
 			long before = stat_value(b_slot, "placed_reads");
-			struct ibv_sge sge = {.addr = (uintptr_t)dst, .length = LEN, .lkey = mr->lkey};
-			struct ibv_send_wr wr = {0}, *bad;
-			wr.wr_id = 100 + r;
-			wr.sg_list = &sge;
-			wr.num_sge = 1;
-			wr.opcode = IBV_WR_RDMA_READ;
-			wr.send_flags = IBV_SEND_SIGNALED;
-			wr.wr.rdma.rkey = peer.rkey;
-			wr.wr.rdma.remote_addr = peer.addr;
-			EXPECT_RC(ibv_post_send(qp, &wr, &bad), 0);
+			uint64_t wr_id = 100 + r;
+			post_rdma(qp, IBV_WR_RDMA_READ, wr_id, mr->lkey, (uintptr_t)dst, LEN, peer.rkey,
+				  peer.addr);
 			/* The first response's bytes, then at once the call. */
 			unsigned char want = byte(0);
 			CHECK(arrives(dst, &want, 1), "%s round %d: no response arrived", names[m],
@@ -151,7 +144,7 @@ int main(void)
 				      names[m], r, j, dst[j], placed);
 			if (m != DESTROY) {
 				struct ibv_wc wc = poll1(sd.cq);
-				CHECK(wc.wr_id == wr.wr_id, "%s round %d: completion of wr %lu",
+				CHECK(wc.wr_id == wr_id, "%s round %d: completion of wr %lu",
 				      names[m], r, (unsigned long)wc.wr_id);
 				if (m == DEREG)
 					CHECK(wc.status == IBV_WC_SUCCESS ||

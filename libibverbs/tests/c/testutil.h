@@ -88,13 +88,15 @@ static inline void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *g
 	connect_qp_access(qp, dest, gid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 }
 
-static inline struct ibv_wc rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
-			  uint32_t lkey, uint64_t laddr, uint32_t len, uint32_t rkey,
-			  uint64_t raddr)
+/* Post one signaled RDMA WRITE or READ (`op`) of `len` bytes between
+ * laddr (lkey) and raddr (rkey), as work request `wr_id`. */
+static inline void post_rdma(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t wr_id,
+			     uint32_t lkey, uint64_t laddr, uint32_t len, uint32_t rkey,
+			     uint64_t raddr)
 {
 	struct ibv_sge sge = {.addr = laddr, .length = len, .lkey = lkey};
 	struct ibv_send_wr wr = {0}, *bad;
-	wr.wr_id = 7;
+	wr.wr_id = wr_id;
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
 	wr.opcode = op;
@@ -102,6 +104,13 @@ static inline struct ibv_wc rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_
 	wr.wr.rdma.rkey = rkey;
 	wr.wr.rdma.remote_addr = raddr;
 	EXPECT_RC(ibv_post_send(qp, &wr, &bad), 0);
+}
+
+static inline struct ibv_wc rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
+			  uint32_t lkey, uint64_t laddr, uint32_t len, uint32_t rkey,
+			  uint64_t raddr)
+{
+	post_rdma(qp, op, 7, lkey, laddr, len, rkey, raddr);
 	return poll1(cq);
 }
 
