@@ -52,7 +52,7 @@ die() { echo "bench: $*" >&2; exit 2; }
 
 # Host bandwidth pairs move 10 times more than the guest's: 5000 x 64 KiB
 # take about 35 ms on the host, too short a run to set beside the raw UDP
-# ceiling's seconds (the first lap of each 4 MiB inbox ring alone is 2,048
+# ceiling's seconds (the first lap of each 1 MiB inbox ring alone is 512
 # page faults), and noisy; 50,000 took 0.35-0.7 s and still varied by a
 # quarter from run to run on a 2-CPU VM; 200,000 take 1-3 s, as long as
 # the ceiling's run.

@@ -373,7 +373,7 @@ fn a_conversation_of_small_datagrams_stays_in_the_first_pages_of_its_ring() {
     let (tx, rx) = (open(&f), open(&f));
     let mut buf = vec![0u8; MAX_DATAGRAM];
     // 50,000 datagrams of 100 bytes, each taken before the next: 5.6 MB
-    // of records, more than a lap of the 4 MiB ring.
+    // of records, more than a lap of the ring.
     for i in 0..50_000u32 {
         let d = datagram(i, 100);
         tx.push(1, 4791, 0, &d).unwrap();
