@@ -124,6 +124,8 @@ const EARLY_WRAP: u64 = 64 << 10;
 /// bytes pushed.
 const HEAD_REFRESH: u64 = 16 << 10;
 const WRAP: u32 = u32::MAX;
+/// Bytes of the next record a consumer prefetches.
+const PREFETCH: usize = 4096 + 128;
 
 const AWAKE: u32 = 0;
 const ASLEEP: u32 = 1;
@@ -978,6 +980,17 @@ impl Inbox {
                     8 + len - n
                 }
             };
+            // The next record, if already published: its lines were
+            // written by the producer's CPU, so each is a transfer between
+            // caches; start them while this datagram is handled.
+            let next = head + need;
+            if next < tail {
+                let noff = (next % size) as usize;
+                let n = ((tail - next) as usize)
+                    .min(PREFETCH)
+                    .min(size as usize - noff);
+                self.map.prefetch(base + noff, n);
+            }
             let mut end = base + body + pad8(kept);
             let placed = placed.then(|| {
                 let mut a = [0u8; 8];
