@@ -1132,19 +1132,7 @@ mod tests {
     /// daemon named is not there, so it goes by UDP).
     #[test]
     fn datagrams_behind_a_full_inbox_wait_in_order() {
-        let f = local_link::InboxFile::create("t", 4, 128 << 10).unwrap();
-        let own = Inbox::open(
-            f.memfd().try_clone_to_owned().unwrap(),
-            f.eventfd().try_clone_to_owned().unwrap(),
-        )
-        .unwrap();
-        let ll = LocalLink::new(
-            own,
-            SLOT,
-            PathBuf::from("/nonexistent/rxe-emu-test.sock"),
-            "rxe0".into(),
-            false,
-        );
+        let (_file, ll) = own_link();
         let addr: std::net::IpAddr = "127.0.0.1".parse().unwrap();
         let now = || Instant(1);
         let to_us = (SLOT as u32) << 16 | 0x11;
@@ -1201,5 +1189,63 @@ mod tests {
         assert!(!ll.has_pending());
         assert_eq!(got, (0..32).chain([0x81, 0x80]).collect::<Vec<u8>>());
         assert_eq!(sent, got);
+    }
+
+    /// A link in slot [`SLOT`] of a device whose daemon is not there, with
+    /// an inbox of its own (four rings of 128 KiB), where datagrams to
+    /// its own slot go; the inbox lives while its file does.
+    fn own_link() -> (local_link::InboxFile, LocalLink) {
+        let f = local_link::InboxFile::create("t", 4, 128 << 10).unwrap();
+        let own = Inbox::open(
+            f.memfd().try_clone_to_owned().unwrap(),
+            f.eventfd().try_clone_to_owned().unwrap(),
+        )
+        .unwrap();
+        let ll = LocalLink::new(
+            own,
+            SLOT,
+            PathBuf::from("/nonexistent/rxe-emu-test.sock"),
+            "rxe0".into(),
+            false,
+        );
+        (f, ll)
+    }
+
+    /// A datagram left unkicked in the inbox of a consumer whose
+    /// application never polled is not listed for a rekick (no kick by
+    /// staleness can fall due for it); once that application has polled,
+    /// one is listed, and kicked when its last poll is `POLL_STALE` old.
+    #[test]
+    fn only_a_consumer_whose_application_polled_is_listed_for_rekicks() {
+        let (_file, ll) = own_link();
+        let addr: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let now = || Instant(1);
+        let to_us = (SLOT as u32) << 16 | 0x11;
+        let stale = local_link::POLL_STALE.as_nanos() as u64;
+        let t0 = 1_000_000_000;
+        ll.note_time(t0);
+        let send = |mark: u8| {
+            let mut ts = vec![datagram(addr, to_us, mark, 64)];
+            let out = ll.send(&mut ts, addr, &now, false, true, |_| {});
+            assert_eq!((out.dropped, out.udp.len()), (0, 0));
+        };
+        // Never polled: the datagram waits unkicked, and nothing is due.
+        send(1);
+        assert!(!ll.rekick_due(u64::MAX));
+        ll.rekick();
+        assert_eq!(ll.kicks(), 0);
+        // Its application polls, then stops: the next datagram is listed,
+        // and kicked once that poll is stale, not before.
+        ll.own.note_poll(t0);
+        send(2);
+        assert!(ll.rekick_due(u64::MAX));
+        ll.rekick();
+        assert_eq!(ll.kicks(), 0);
+        assert!(!ll.rekick_due(t0 + stale));
+        assert!(ll.rekick_due(t0 + stale + 1));
+        ll.note_time(t0 + stale + 1);
+        ll.rekick();
+        assert_eq!(ll.kicks(), 1);
+        assert!(!ll.rekick_due(u64::MAX));
     }
 }
