@@ -154,19 +154,20 @@ impl Mapping {
 
     /// Ask the CPU to bring the lines of `off..off + len` (clipped to the
     /// mapping) into its cache: a hint, no access.
+    /// (Elsewhere than on x86-64, nothing.)
     pub(crate) fn prefetch(&self, off: usize, len: usize) {
-        let end = off.saturating_add(len).min(self.len);
-        let mut at = off & !63;
-        while at < end {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch is a hint: it reads nothing into the
-            // program and cannot fault; the address is inside the mapping.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>(self.ptr.add(at).cast());
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let end = off.saturating_add(len).min(self.len);
+            for at in (off & !63..end).step_by(64) {
+                // SAFETY: a prefetch is a hint: it reads nothing into the
+                // program and cannot fault; `at` is inside the mapping.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(self.ptr.add(at).cast()) };
             }
-            at += 64;
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (off, len);
     }
 
     /// Copy bytes of the mapping at `off` into `dst`. Another process may

@@ -1096,10 +1096,17 @@ mod tests {
     use super::*;
 
     const SLOT: usize = 1;
+    /// A QP of this process's own slot: datagrams to it go to its inbox.
+    const TO_US: u32 = (SLOT as u32) << 16 | 0x11;
+    /// The device's address, and the time `LocalLink::send` is given.
+    const ADDR: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    fn now() -> Instant {
+        Instant(1)
+    }
 
-    /// A RoCEv2 datagram to QP `qpn` of this host, `len` bytes, its
+    /// A RoCEv2 datagram to QP `qpn` of this host ([`ADDR`]), `len` bytes, its
     /// payload all `mark`.
-    fn datagram(addr: std::net::IpAddr, qpn: u32, mark: u8, len: usize) -> Transmit {
+    fn datagram(qpn: u32, mark: u8, len: usize) -> Transmit {
         let mut payload = vec![mark; len];
         // BTH: SEND ONLY (4) to `qpn`; only the opcode and QPN matter here.
         payload[..12].fill(0);
@@ -1107,8 +1114,8 @@ mod tests {
         payload[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
         Transmit {
             info: wire::icrc::IpUdpInfo {
-                src: addr,
-                dst: addr,
+                src: ADDR,
+                dst: ADDR,
                 src_port: 0xc000,
                 dst_port: wire::ROCEV2_UDP_PORT,
                 ipv4_id: 0,
@@ -1133,22 +1140,17 @@ mod tests {
     #[test]
     fn datagrams_behind_a_full_inbox_wait_in_order() {
         let (_file, ll) = own_link();
-        let addr: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-        let now = || Instant(1);
-        let to_us = (SLOT as u32) << 16 | 0x11;
         let elsewhere = 2 << 16 | 0x11;
         // 32 datagrams into a ring of 128 KiB: 15 records of 8 KiB fill
         // it but for 8,072 bytes, the rest are 12 KiB; one to slot 2
         // among them.
         let len = |i: u8| if i < 15 { 8192 } else { 12288 };
-        let mut ts: Vec<Transmit> = (0..32u8)
-            .map(|i| datagram(addr, to_us, i, len(i)))
-            .collect();
-        ts.insert(3, datagram(addr, elsewhere, 0xee, 64));
+        let mut ts: Vec<Transmit> = (0..32u8).map(|i| datagram(TO_US, i, len(i))).collect();
+        ts.insert(3, datagram(elsewhere, 0xee, 64));
         // Last, a short one that would fit: it waits behind them too.
-        ts.push(datagram(addr, to_us, 0x81, 64));
+        ts.push(datagram(TO_US, 0x81, 64));
         let mut sent = Vec::new();
-        let out = ll.send(&mut ts, addr, &now, false, true, |t| {
+        let out = ll.send(&mut ts, ADDR, &now, false, true, |t| {
             sent.push(t.payload[12])
         });
         assert_eq!(out.dropped, 0);
@@ -1164,8 +1166,8 @@ mod tests {
         let p = ll.own.pop(&mut buf).unwrap();
         assert_eq!(p.len, len(0));
         got.push(buf[12]);
-        let mut short = vec![datagram(addr, to_us, 0x80, 64)];
-        ll.send(&mut short, addr, &now, false, true, |t| {
+        let mut short = vec![datagram(TO_US, 0x80, 64)];
+        ll.send(&mut short, ADDR, &now, false, true, |t| {
             sent.push(t.payload[12])
         });
         assert_ne!(sent.last(), Some(&0x80));
@@ -1179,7 +1181,7 @@ mod tests {
                 }
                 None => {
                     let before = sent.len();
-                    ll.send(&mut Vec::new(), addr, &now, false, true, |t| {
+                    ll.send(&mut Vec::new(), ADDR, &now, false, true, |t| {
                         sent.push(t.payload[12])
                     });
                     assert!(sent.len() > before, "nothing left the queue");
@@ -1218,15 +1220,12 @@ mod tests {
     #[test]
     fn only_a_consumer_whose_application_polled_is_listed_for_rekicks() {
         let (_file, ll) = own_link();
-        let addr: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-        let now = || Instant(1);
-        let to_us = (SLOT as u32) << 16 | 0x11;
         let stale = local_link::POLL_STALE.as_nanos() as u64;
         let t0 = 1_000_000_000;
         ll.note_time(t0);
         let send = |mark: u8| {
-            let mut ts = vec![datagram(addr, to_us, mark, 64)];
-            let out = ll.send(&mut ts, addr, &now, false, true, |_| {});
+            let mut ts = vec![datagram(TO_US, mark, 64)];
+            let out = ll.send(&mut ts, ADDR, &now, false, true, |_| {});
             assert_eq!((out.dropped, out.udp.len()), (0, 0));
         };
         // Never polled: the datagram waits unkicked, and nothing is due.
