@@ -219,12 +219,13 @@ const STAMP_EVERY: Duration = Duration::from_micros(20);
 /// [`local_link::POLL_STALE`], a UDP datagram wakes the thread (while UDP
 /// is in use the application reads it and the look is
 /// [`MAX_SPIN_WAIT_UDP`]), held responses are sent within
-/// [`APP_POLL_GRACE`], and the wait ends at the engine's earliest
-/// deadline when it began. A timer armed during the wait (a post's
-/// retransmission timer, when nothing was outstanding before) fires at
-/// the application's next poll, or at this look if it has stopped
-/// polling without arming a CQ: up to 200 ms late, where only a lost
-/// packet (fault injection) makes it matter.
+/// [`APP_POLL_GRACE`]. The engine's timers are the polling application's
+/// to fire: the wait ends at the earliest of them only for an application
+/// that may have left (`app_left`), and one that says so while a timer is
+/// set wakes the thread to watch it (`Inner::left_with_timers`). A timer
+/// of an application that stops polling without saying so (nor arming a
+/// CQ) fires at this look: up to 200 ms late, where only a lost packet
+/// (fault injection) or a receiver not ready makes it matter.
 /// History, in the TCG guest (2 vCPUs, each look 100-300 µs of a CPU an
 /// application spins on): 1 ms looks measured the bench's 8-byte
 /// ping-pong at 1.66-2.31x raw UDP on the 2-core VM, 2 ms at 1.23-1.89x;
@@ -236,6 +237,10 @@ const STAMP_EVERY: Duration = Duration::from_micros(20);
 /// 99.9th percentiles: `ib_read_lat` 187 µs instead of 297 (kernel rxe
 /// 194), `ib_send_lat` 155 instead of 227 (kernel 138), `ib_write_lat`
 /// 220 instead of 242 (kernel 92). On the host no change beyond noise.
+/// The retransmission deadline left out while the application polls
+/// (2026-11-29, tracefs, 8 traced `-n 5000` pairs of each build in one
+/// guest): 2.0-2.5 timed wakes of the two threads per run instead of 3.1;
+/// the others are these looks.
 const MAX_SPIN_WAIT: Duration = Duration::from_millis(200);
 /// While the progress thread finds datagrams by spinning on its inbox, how
 /// often it still reads its wake pipe and the daemon's connection (each a
@@ -1620,8 +1625,11 @@ impl Inner {
     /// where a wake is about 100 µs of a CPU the applications spin on,
     /// ib_read_lat went from 41-64 µs typical (avg 124-148) to 33-36
     /// (avg 53-75) in interleaved runs (2026-11-26).
-    pub(crate) fn note_app_poll(&self, may_leave: bool) {
-        self.note_app_poll_at(may_leave, local_link::monotonic_ns());
+    ///
+    /// Returns whether this poll is the one after which the application
+    /// may have stopped polling (`may_leave`, not said before).
+    pub(crate) fn note_app_poll(&self, may_leave: bool) -> bool {
+        self.note_app_poll_at(may_leave, local_link::monotonic_ns())
     }
 
     /// [`Inner::note_app_poll`] at `mono` (CLOCK_MONOTONIC). A poll that
@@ -1629,7 +1637,7 @@ impl Inner {
     /// [`STAMP_EVERY`] of the last stamp writes nothing: its readers look
     /// at 1 ms windows, and each stamp was a locked store here and a cache
     /// line every sender then read from this process.
-    pub(crate) fn note_app_poll_at(&self, may_leave: bool, mono: u64) {
+    pub(crate) fn note_app_poll_at(&self, may_leave: bool, mono: u64) -> bool {
         let stamp = self.at(mono).as_nanos().max(1);
         let last = self.last_app_poll.load(Ordering::Relaxed);
         if !may_leave
@@ -1637,10 +1645,11 @@ impl Inner {
             && stamp.saturating_sub(last) < STAMP_EVERY.as_nanos() as u64
             && !self.app_left.load(Ordering::Relaxed)
         {
-            return;
+            return false;
         }
         self.last_app_poll.store(stamp, Ordering::SeqCst);
         let was_left = self.app_left.swap(may_leave, Ordering::SeqCst);
+        let left_now = may_leave && !was_left;
         if let Some(l) = &self.local {
             // Senders kick this process once its application has not
             // polled for `POLL_STALE`, so that the progress thread, which
@@ -1649,7 +1658,7 @@ impl Inner {
             if !may_leave {
                 self.left_spin.store(false, Ordering::SeqCst);
             }
-            if may_leave && !was_left && !l.own.kick_me() {
+            if left_now && !l.own.kick_me() {
                 // A datagram came before the inbox asked for kicks.
                 self.wake();
             } else if !may_leave && was_left {
@@ -1657,11 +1666,23 @@ impl Inner {
             }
             // A datagram by UDP (a peer on another device) still needs
             // the thread on the socket: wake it if it sleeps off it.
-            if !(may_leave && !was_left && self.udp_in_use(self.now())) {
-                return;
+            if !(left_now && self.udp_in_use(self.now())) {
+                return left_now;
             }
         }
-        if may_leave && !was_left && self.spin_sleeping.load(Ordering::SeqCst) {
+        if left_now && self.spin_sleeping.load(Ordering::SeqCst) {
+            self.wake();
+        }
+        left_now
+    }
+
+    /// The application may have stopped polling (its last completion left
+    /// nothing to wait for on its QP) with an engine timer set (another
+    /// QP's): a progress thread that keeps off for a polling application
+    /// does not watch the engine's timers (the application fires them),
+    /// so it is woken to watch them now.
+    pub(crate) fn left_with_timers(&self) {
+        if self.spin_sleeping.load(Ordering::SeqCst) {
             self.wake();
         }
     }
@@ -2078,16 +2099,28 @@ impl Inner {
                         wait
                     };
                     // Should the application stop polling now, what it
-                    // would have sent or fired is not late by a whole
-                    // MAX_SPIN_WAIT: held responses, and a timer (a
-                    // deadline already past is the application's to fire
-                    // while it polls).
+                    // would have sent is not late by a whole
+                    // MAX_SPIN_WAIT: held responses.
                     let wait = if self.has_deferred() {
                         wait.min(APP_POLL_GRACE)
                     } else {
                         wait
                     };
-                    let deadline = match (self.lock().poll_timeout(), self.next_due()) {
+                    // The engine's timers are the application's to fire
+                    // while it polls: a wake at a retransmission deadline
+                    // (which each acknowledgement then moves) found it
+                    // fired or moved, and took the CPU from a spinning
+                    // application (ftrace, TCG guest: one wake per
+                    // process every 67 ms of `ib_write_lat`, 300-600 µs
+                    // each). Only one that may have left has them watched
+                    // here; one that leaves with a timer set wakes this
+                    // thread (`Inner::left_with_timers`).
+                    let timers = if self.app_left.load(Ordering::SeqCst) {
+                        self.lock().poll_timeout()
+                    } else {
+                        None
+                    };
+                    let deadline = match (timers, self.next_due()) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     };

@@ -730,9 +730,19 @@ impl CompletionQueue {
         let inner = &self.dev.inner;
         // Whether the application, having got these completions, may now
         // stop polling (see `Inner::note_app_poll`).
+        // Also whether an engine timer is set then (another QP's): the
+        // progress thread, which leaves timers to a polling application,
+        // is then woken to watch them (`Inner::left_with_timers`).
         let may_leave = |e: &rxe_core::Engine<_>, wcs: &[WorkCompletion]| {
-            wcs.last()
-                .is_some_and(|wc| !e.qp_awaits_completions(wc.qp_num))
+            let leave = wcs
+                .last()
+                .is_some_and(|wc| !e.qp_awaits_completions(wc.qp_num));
+            (leave, leave && e.poll_timeout().is_some())
+        };
+        let note = |(leave, timers): (bool, bool)| {
+            if inner.note_app_poll(leave) && timers {
+                inner.left_with_timers();
+            }
         };
         // Found idle by a locked poll, and nobody has locked the engine
         // since (no completion, post, arming or timer change can have come
@@ -747,7 +757,7 @@ impl CompletionQueue {
             if now.as_nanos() < self.idle_until.load(Ordering::Relaxed)
                 && inner.nothing_to_drive(now)
             {
-                inner.note_app_poll_at(false, mono);
+                let _ = inner.note_app_poll_at(false, mono);
                 return Ok(0);
             }
         }
@@ -766,7 +776,7 @@ impl CompletionQueue {
             (first, armed, leave, idle)
         };
         if idle {
-            inner.note_app_poll(false);
+            let _ = inner.note_app_poll(false);
             return Ok(0);
         }
         // Polling an armed CQ is the last look before sleeping on its
@@ -778,7 +788,7 @@ impl CompletionQueue {
         // thinking the application idle, and keep preempting it.
         if first > 0 {
             if !armed {
-                inner.note_app_poll(leave);
+                note(leave);
             }
             return Ok(first);
         }
@@ -790,7 +800,7 @@ impl CompletionQueue {
             (second, leave)
         };
         if !armed {
-            inner.note_app_poll(leave);
+            note(leave);
         }
         Ok(second)
     }

@@ -131,17 +131,29 @@ fn connect_mtu(
     rq_psn: u32,
     mtu: Mtu,
 ) {
-    me.qp
-        .modify(
-            &QpAttr {
-                qp_state: Some(QpState::Init),
-                port_num: 1,
-                qp_access_flags: ALL.bits(),
-                ..QpAttr::default()
-            },
-            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-        )
-        .unwrap();
+    let peer = (peer_qpn, peer_gid, rq_psn);
+    connect_qp(&me.dev, &me.qp, peer, timeout, retry, mtu);
+}
+
+/// Bring `qp` of `dev` to RTS towards `peer` (QPN, GID, its receive PSN).
+fn connect_qp(
+    dev: &Device,
+    qp: &QueuePair,
+    (peer_qpn, peer_gid, rq_psn): (u32, [u8; 16], u32),
+    timeout: u8,
+    retry: u8,
+    mtu: Mtu,
+) {
+    qp.modify(
+        &QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: 1,
+            qp_access_flags: ALL.bits(),
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )
+    .unwrap();
     let rtr = QpAttr {
         qp_state: Some(QpState::Rtr),
         path_mtu: Some(mtu),
@@ -151,7 +163,7 @@ fn connect_mtu(
         min_rnr_timer: 1,
         ah_attr: AhAttr {
             dgid: peer_gid,
-            sgid_index: me.dev.gid_index(),
+            sgid_index: dev.gid_index(),
             is_global: true,
             port_num: 1,
             hop_limit: 64,
@@ -159,18 +171,17 @@ fn connect_mtu(
         },
         ..QpAttr::default()
     };
-    me.qp
-        .modify(
-            &rtr,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
-        .unwrap();
+    qp.modify(
+        &rtr,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: 0,
@@ -180,12 +191,11 @@ fn connect_mtu(
         max_rd_atomic: 4,
         ..QpAttr::default()
     };
-    me.qp
-        .modify(
-            &rts,
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+    qp.modify(
+        &rts,
+        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
 }
 
 fn bin(name: &str) -> &'static str {
@@ -2209,4 +2219,87 @@ fn a_completion_made_after_an_idle_poll_is_found_by_the_next_poll() {
     let wcs = a.cq.poll(1).unwrap();
     assert_eq!(wcs.len(), 1, "the flushed WR, at the first poll after it");
     assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn a_timer_of_another_qp_fires_on_time_after_the_application_stops_polling() {
+    // B's progress thread leaves the engine's timers to B's application
+    // while it polls (it fires them in its polls). B's last poll says it
+    // may stop polling (its SEND completed) while a WRITE on another QP
+    // still waits for an acknowledgement that never comes: the thread is
+    // to watch that QP's retransmission timer from then on, not only at
+    // its next look at whether B still polls (200 ms later).
+    let d = Daemon::start("lefttimer", "rxe0=127.0.21.28", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let cq2 = b.dev.create_cq(16).unwrap();
+    let qp2 =
+        b.pd.create_qp(QpType::Rc, &cq2, &cq2, None, cap, false)
+            .unwrap();
+    // Towards a QP number nobody has: no acknowledgement, and no retry
+    // (retry_cnt 0) after its timeout, 4.096 µs * 2^14 = 67 ms.
+    let nobody = (a.qp.qpn() + 7, a.dev.gid(), 0);
+    connect_qp(&b.dev, &qp2, nobody, 14, 0, Mtu::M1024);
+    let mut abuf = vec![0u8; 64];
+    let amr = a.pd.reg_mr(&mut abuf, ALL).unwrap();
+    let mut bbuf = vec![7u8; 64];
+    let bmr = b.pd.reg_mr(&mut bbuf, ALL).unwrap();
+    a.qp.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![amr.sge(0, 64)],
+    })
+    .unwrap();
+    let posted = Instant::now();
+    qp2.post_send(SendWr::new(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: amr.addr(),
+            rkey: amr.rkey(),
+        },
+        vec![bmr.sge(0, 64)],
+    ))
+    .unwrap();
+    // B polls its first CQ for 20 ms (its progress thread keeps off), then
+    // sends and polls until the SEND completes: that QP has nothing
+    // outstanding, so B may stop polling, and it does.
+    while posted.elapsed() < Duration::from_millis(20) {
+        assert!(b.cq.poll(1).unwrap().is_empty());
+    }
+    b.qp.post_send(SendWr::new(3, SendOp::Send, vec![bmr.sge(0, 64)]))
+        .unwrap();
+    let wc = loop {
+        if let Some(wc) = b.cq.poll(1).unwrap().pop() {
+            break wc;
+        }
+        assert!(posted.elapsed() < WAIT, "B's SEND never completed");
+    };
+    assert_eq!(wc.status, WcStatus::Success);
+    let stopped = posted.elapsed();
+    if stopped > Duration::from_millis(60) {
+        // Too loaded to tell: B's polls may have fired the timer.
+        eprintln!("B polled until {stopped:?} after the WRITE's post: not judged");
+        return;
+    }
+    // The timer is due 67 ms after the post: the QP is in error well
+    // before the thread's next look. Judged without a call that drives
+    // B's device (reading a QP's state only takes its lock).
+    std::thread::sleep(Duration::from_millis(150).saturating_sub(posted.elapsed()));
+    assert_eq!(
+        qp2.state(),
+        QpState::Err,
+        "the WRITE's retransmission timer did not fire within 150 ms of its post \
+         (B stopped polling {stopped:?} after it)"
+    );
+    let wc = cq2.wait(1, WAIT).unwrap();
+    assert_eq!(wc[0].status, WcStatus::RetryExcErr, "{wc:?}");
+    assert!(a.cq.wait(1, WAIT).unwrap()[0].status == WcStatus::Success);
 }
