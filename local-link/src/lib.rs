@@ -1092,6 +1092,39 @@ impl Inbox {
         !self.has_data()
     }
 
+    /// Consumer's application thread: it posted or polled at `now_ns`
+    /// ([`monotonic_ns`]), and takes what comes while it polls, so
+    /// producers need not kick a progress thread that went to sleep on the
+    /// inbox before: they kick once the application has neither posted nor
+    /// polled for [`POLL_STALE`] (as for an awake consumer), once it says
+    /// it may stop polling ([`Inbox::kick_me`]), or once it sleeps on a
+    /// completion channel ([`Inbox::app_sleeps`]). The time is stored only
+    /// if the one stored is `every_ns` old or older (each store takes the
+    /// line from the producers that read it).
+    pub fn app_active(&self, now_ns: u64, every_ns: u64) {
+        let last = self.map.u64_at(OFF_LAST_POLL);
+        if now_ns.saturating_sub(last.load(Relaxed)) >= every_ns {
+            last.store(now_ns, Relaxed);
+        }
+        let sleeping = self.map.u32_at(OFF_SLEEPING);
+        if sleeping.load(Relaxed) == ASLEEP {
+            let _ = sleeping.compare_exchange(ASLEEP, AWAKE, SeqCst, SeqCst);
+        }
+    }
+
+    /// Consumer's application thread: it is about to sleep on a completion
+    /// channel, so producers kick the progress thread again if it sleeps
+    /// on the inbox ([`Inbox::app_active`]). Returns false if a datagram is
+    /// already waiting (it drew no kick): then wake the thread another way.
+    pub fn app_sleeps(&self) -> bool {
+        let sleeping = self.map.u32_at(OFF_SLEEPING);
+        // Asleep already, kicked, or asking for kicks: nothing to undo.
+        sleeping
+            .compare_exchange(AWAKE, ASLEEP, SeqCst, SeqCst)
+            .is_err()
+            || !self.has_data()
+    }
+
     /// Consumer's application thread: it polls (or posts) again, so
     /// producers need not kick: undoes [`Inbox::kick_me`], and leaves a
     /// sleeping consumer's state alone. One shared-memory load when there

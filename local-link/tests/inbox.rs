@@ -306,6 +306,64 @@ fn an_application_that_stops_polling_is_kicked_until_it_polls_again() {
 }
 
 #[test]
+fn an_active_application_leaves_its_sleeping_thread_unkicked_until_it_sleeps_itself() {
+    let f = InboxFile::create("t", 2, RING).unwrap();
+    let (tx, rx) = (open(&f), open(&f));
+    let mut ev = std::fs::File::from(f.eventfd().try_clone_to_owned().unwrap());
+    let mut b = [0u8; 8];
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let now = local_link::monotonic_ns();
+    // The progress thread went to sleep on the inbox; then the application
+    // posted or polled: it takes what comes, no kick.
+    assert!(rx.sleep_begin());
+    rx.app_active(now, 0);
+    tx.push(1, 1, 0, b"a").unwrap();
+    assert!(!tx.kick_at(now), "the application is active: no kick");
+    assert!(ev.read(&mut b).is_err());
+    // Its last post or poll is stamped: once POLL_STALE old, senders kick.
+    let stale = now + local_link::POLL_STALE.as_nanos() as u64 + 1;
+    assert_eq!(tx.stale_at(), stale);
+    assert!(tx.kick_at(stale), "stopped: kicked");
+    assert_eq!(ev.read(&mut b).unwrap(), 8);
+    rx.sleep_end();
+    assert!(rx.pop(&mut buf).is_some());
+    // A stamp newer than `every` ago is not rewritten.
+    rx.app_active(now + 10, 100);
+    assert_eq!(tx.stale_at(), stale);
+    rx.app_active(now + 100, 100);
+    assert_eq!(tx.stale_at(), stale + 100);
+    // Asleep again, the application active, then about to sleep on a
+    // completion channel: senders kick again.
+    assert!(rx.sleep_begin());
+    rx.app_active(now + 200, 0);
+    assert!(rx.app_sleeps(), "nothing waiting");
+    tx.push(1, 1, 0, b"b").unwrap();
+    assert!(tx.kick_at(now + 200), "the application sleeps: kicked");
+    assert_eq!(ev.read(&mut b).unwrap(), 8);
+    rx.sleep_end();
+    assert!(rx.pop(&mut buf).is_some());
+    // What came while the application was active drew no kick: it says
+    // so as it goes to sleep.
+    assert!(rx.sleep_begin());
+    rx.app_active(now + 300, 0);
+    tx.push(1, 1, 0, b"c").unwrap();
+    assert!(!tx.kick_at(now + 300));
+    assert!(!rx.app_sleeps(), "a datagram is waiting");
+    assert!(rx.pop(&mut buf).is_some());
+    // Neither touches an awake consumer that asked for kicks, nor one
+    // already kicked.
+    rx.sleep_end();
+    assert!(rx.kick_me());
+    rx.app_active(now + 400, 0);
+    tx.push(1, 1, 0, b"d").unwrap();
+    assert!(tx.kick_at(now + 400), "asked for kicks: kicked");
+    assert!(rx.app_sleeps(), "kicked already: nothing to undo");
+    assert_eq!(ev.read(&mut b).unwrap(), 8);
+    rx.sleep_end();
+    assert!(rx.pop(&mut buf).is_some());
+}
+
+#[test]
 fn two_threads_move_a_million_bytes_with_kicks_and_lose_nothing() {
     let f = InboxFile::create("t", 3, RING).unwrap();
     let (tx, rx) = (open(&f), open(&f));
