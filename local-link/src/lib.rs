@@ -818,6 +818,13 @@ impl Inbox {
         self.map.u32_at(OFF_SLEEPING).load(SeqCst) == AWAKE
     }
 
+    /// Where in ring `ring` the next record goes (bytes from the ring's
+    /// start), as its producer left it.
+    pub fn write_offset(&self, ring: usize) -> Option<usize> {
+        (ring < self.layout.rings)
+            .then(|| (self.tail(ring).load(SeqCst) % self.layout.ring_size as u64) as usize)
+    }
+
     /// Producer in `ring`: whether the consumer has taken everything this
     /// producer wrote.
     pub fn taken(&self, ring: usize) -> bool {

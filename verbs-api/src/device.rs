@@ -2623,7 +2623,7 @@ impl Device {
 
 /// Bytes of a receive buffer: the largest datagram, at any alignment
 /// (`local_link::Inbox::pop_aligned`).
-const RX_BUF: usize = 65536 + 64;
+pub(crate) const RX_BUF: usize = 65536 + 64;
 
 /// A receive buffer of this thread, big enough for any UDP datagram;
 /// reused, never zeroed again.

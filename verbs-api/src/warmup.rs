@@ -29,6 +29,7 @@ use rxe_core::{
     QpState, QpType, RecvWr, RxDatagram, SendOp, SendWr, Sge,
 };
 
+use crate::device::RX_BUF;
 use crate::hostmem::HostMemory;
 
 static DONE: AtomicBool = AtomicBool::new(false);
@@ -203,7 +204,7 @@ fn run(
     let inbox = if defer_icrc { scratch_inbox() } else { None };
     // As the device's: room for a datagram at the alignment it had in the
     // ring (`Inbox::pop_aligned`).
-    let mut buf = vec![0u8; if inbox.is_some() { 65536 + 64 } else { 0 }];
+    let mut buf = vec![0u8; if inbox.is_some() { RX_BUF } else { 0 }];
     // Each round hands every packet sent to the engine as received; a
     // handful of rounds carries requests, responses and ACKs.
     for _ in 0..8 {
@@ -315,11 +316,16 @@ mod tests {
         }
     }
 
-    /// The scratch ring's lap goes through whole.
+    /// The scratch ring's lap goes through whole, and the producer went
+    /// back to the ring's start 64 KiB into it (early), not at its end
+    /// (128 KiB): the code of that wrap has run.
     #[test]
     fn the_scratch_ring_is_taken_through_a_lap() {
         let (_f, i) = scratch_inbox().unwrap();
-        let mut buf = vec![0u8; 65536 + 64];
+        let mut buf = vec![0u8; RX_BUF];
+        assert_eq!(i.write_offset(1), Some(0));
         assert_eq!(wrap(&i, &mut buf), 72);
+        let at = i.write_offset(1).unwrap();
+        assert!(at < 16 << 10, "the next record goes at {at}: no early wrap");
     }
 }
