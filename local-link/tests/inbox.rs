@@ -322,16 +322,16 @@ fn an_active_application_leaves_its_sleeping_thread_unkicked_until_it_sleeps_its
     assert!(ev.read(&mut b).is_err());
     // Its last post or poll is stamped: once POLL_STALE old, senders kick.
     let stale = now + local_link::POLL_STALE.as_nanos() as u64 + 1;
-    assert_eq!(tx.stale_at(), stale);
+    assert_eq!(tx.kick_due().map(|d| d.at), Some(stale));
     assert!(tx.kick_at(stale), "stopped: kicked");
     assert_eq!(ev.read(&mut b).unwrap(), 8);
     rx.sleep_end();
     assert!(rx.pop(&mut buf).is_some());
     // A stamp newer than `every` ago is not rewritten.
     rx.app_active(now + 10, 100);
-    assert_eq!(tx.stale_at(), stale);
+    assert_eq!(tx.kick_due().map(|d| d.at), Some(stale));
     rx.app_active(now + 100, 100);
-    assert_eq!(tx.stale_at(), stale + 100);
+    assert_eq!(tx.kick_due().map(|d| d.at), Some(stale + 100));
     // Asleep again, the application active, then about to sleep on a
     // completion channel: senders kick again.
     assert!(rx.sleep_begin());
@@ -356,7 +356,21 @@ fn an_active_application_leaves_its_sleeping_thread_unkicked_until_it_sleeps_its
     assert!(rx.kick_me());
     rx.app_active(now + 400, 0);
     tx.push(1, 1, 0, b"d").unwrap();
-    assert!(tx.kick_at(now + 400), "asked for kicks: kicked");
+    // Asked for kicks just after a poll: LEFT_GRACE later (its
+    // application may be back before).
+    let grace = local_link::LEFT_GRACE.as_nanos() as u64;
+    assert!(
+        !tx.kick_at(now + 400 + grace),
+        "asked for kicks, polled just now"
+    );
+    assert_eq!(
+        tx.kick_due(),
+        Some(local_link::KickDue {
+            at: now + 400 + grace + 1,
+            left: true
+        })
+    );
+    assert!(tx.kick_at(now + 401 + grace), "asked for kicks: kicked");
     assert!(rx.app_sleeps(), "kicked already: nothing to undo");
     assert_eq!(ev.read(&mut b).unwrap(), 8);
     rx.sleep_end();

@@ -205,6 +205,13 @@ pub(crate) struct LocalLink {
     /// one to kick: the earliest time an application of
     /// `pending.unkicked` may be found to have stopped polling.
     rekick_at: AtomicU64,
+    /// CLOCK_MONOTONIC (ns) at which the first kick of `pending.unkicked`
+    /// to a consumer whose application said it may stop polling
+    /// (`local_link::KickDue::left`) is due; `u64::MAX` if none waits.
+    /// Unlike the others, nothing else would take their datagrams: the
+    /// progress thread wakes for them if this process's application may
+    /// not be polling ([`LocalLink::left_due`]).
+    left_due: AtomicU64,
     /// CLOCK_MONOTONIC (ns) as the device read it last
     /// ([`LocalLink::note_time`]): the time a push's kick judges a
     /// consumer's last poll by.
@@ -278,6 +285,7 @@ impl LocalLink {
             any_pending: AtomicBool::new(false),
             any_unkicked: AtomicBool::new(false),
             rekick_at: AtomicU64::new(0),
+            left_due: AtomicU64::new(u64::MAX),
             time: AtomicU64::new(0),
             kicks: AtomicU64::new(0),
             placement,
@@ -843,38 +851,75 @@ impl LocalLink {
     /// waiting for the answer (two devices driven by one thread, as
     /// rdma-core's tests do) with it. Called at each round of progress;
     /// it looks only once one of those applications may have stopped
-    /// polling (its last poll [`local_link::POLL_STALE`] ago, as it stood
-    /// at the last look): in a stream, where the consumer is awake and
+    /// polling (its last poll [`local_link::POLL_STALE`] ago, or
+    /// [`local_link::LEFT_GRACE`] if it said it may stop, as it stood at
+    /// the last look): in a stream, where the consumer is awake and
     /// polling, a look per round (a lock, loads of lines the consumer
     /// writes, a clock read) was 7% of a sender's time (host
     /// `ib_send_bw`, perf).
     pub(crate) fn rekick(&self) {
         let now_ns = self.time();
-        if !self.rekick_due(now_ns) {
-            return;
+        if self.rekick_due(now_ns) {
+            self.rekick_at_time(now_ns);
         }
+    }
+
+    /// A kick to a consumer whose application may stop polling waits
+    /// ([`LocalLink::left_due`]): forget those whose datagrams were taken
+    /// since, and kick those due. Called when this process's application
+    /// may stop polling itself: its progress thread would otherwise wake
+    /// at `left_due` for datagrams that are gone (in a ping-pong, the
+    /// peer took them as it posted its answer).
+    pub(crate) fn forget_taken(&self) {
+        if self.left_due.load(Ordering::Relaxed) != u64::MAX {
+            self.rekick_at_time(self.time());
+        }
+    }
+
+    /// When a kick to a consumer whose application said it may stop
+    /// polling is due (CLOCK_MONOTONIC ns), if one waits: the progress
+    /// thread wakes then unless this process's application polls (its
+    /// polls kick).
+    pub(crate) fn left_due(&self) -> Option<u64> {
+        match self.left_due.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            at => Some(at),
+        }
+    }
+
+    fn rekick_at_time(&self, now_ns: u64) {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let p = &mut *pending;
         let slot = self.slot;
         let mut kicked = 0;
         let mut next = u64::MAX;
+        let mut next_left = u64::MAX;
         p.unkicked.retain(|s| {
             // Taken, gone, or kicked by another sender meanwhile (its
             // thread will look): nothing left to do for it.
             let Some(Peer::Inbox(i)) = p.peers.get(s) else {
                 return false;
             };
-            if i.taken(slot) || i.is_closed() || !i.awake_unkicked() {
+            if i.taken(slot) || i.is_closed() {
                 return false;
             }
             if i.kick_at(now_ns) {
                 kicked += 1;
                 return false;
             }
-            next = next.min(i.stale_at());
-            true
+            match i.kick_due() {
+                Some(d) => {
+                    next = next.min(d.at);
+                    if d.left {
+                        next_left = next_left.min(d.at);
+                    }
+                    true
+                }
+                None => false,
+            }
         });
         self.rekick_at.store(next, Ordering::Relaxed);
+        self.left_due.store(next_left, Ordering::Relaxed);
         self.kicks.fetch_add(kicked, Ordering::Relaxed);
         self.any_unkicked
             .store(!p.unkicked.is_empty(), Ordering::Release);
@@ -1071,17 +1116,21 @@ impl LocalLink {
                 self.kicks.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            // A consumer whose application never polled (stale_at 0: a
+            // A consumer whose application never polled (no kick due: a
             // passive side, as ib_write_bw's server) is served by its
             // progress thread, which sleeps only after looking at the
             // rings once more: a kick is never due for it. Listing it made
             // every round of this process look at its head, a line the
             // consumer writes at every datagram (3-4% of a host
             // ib_write_bw sender's time, perf).
-            let stale_at = i.stale_at();
-            if stale_at != 0 && i.awake_unkicked() && !unkicked.contains(&slot) {
-                unkicked.push(slot);
-                self.rekick_at.fetch_min(stale_at, Ordering::Relaxed);
+            if let Some(d) = i.kick_due() {
+                if !unkicked.contains(&slot) {
+                    unkicked.push(slot);
+                }
+                self.rekick_at.fetch_min(d.at, Ordering::Relaxed);
+                if d.left {
+                    self.left_due.fetch_min(d.at, Ordering::Relaxed);
+                }
             }
         }
         self.any_unkicked
@@ -1213,6 +1262,14 @@ mod tests {
         (f, ll)
     }
 
+    /// Send a 64-byte datagram marked `mark` to this process's own inbox,
+    /// which must take it.
+    fn send_to_us(ll: &LocalLink, mark: u8) {
+        let mut ts = vec![datagram(TO_US, mark, 64)];
+        let out = ll.send(&mut ts, ADDR, &now, false, true, |_| {});
+        assert_eq!((out.dropped, out.udp.len()), (0, 0));
+    }
+
     /// A datagram left unkicked in the inbox of a consumer whose
     /// application never polled is not listed for a rekick (no kick by
     /// staleness can fall due for it); once that application has polled,
@@ -1223,11 +1280,7 @@ mod tests {
         let stale = local_link::POLL_STALE.as_nanos() as u64;
         let t0 = 1_000_000_000;
         ll.note_time(t0);
-        let send = |mark: u8| {
-            let mut ts = vec![datagram(TO_US, mark, 64)];
-            let out = ll.send(&mut ts, ADDR, &now, false, true, |_| {});
-            assert_eq!((out.dropped, out.udp.len()), (0, 0));
-        };
+        let send = |mark: u8| send_to_us(&ll, mark);
         // Never polled: the datagram waits unkicked, and nothing is due.
         send(1);
         assert!(!ll.rekick_due(u64::MAX));
@@ -1246,5 +1299,61 @@ mod tests {
         ll.rekick();
         assert_eq!(ll.kicks(), 1);
         assert!(!ll.rekick_due(u64::MAX));
+    }
+
+    /// A consumer whose application said it may stop polling just after
+    /// a poll is kicked `LEFT_GRACE` after that poll, not at once (in a
+    /// ping-pong it comes back first); the kick is owed until then
+    /// (`left_due`, which the progress thread watches), and forgotten
+    /// once the datagram was taken.
+    #[test]
+    fn a_consumer_that_may_stop_polling_is_kicked_after_left_grace_unless_it_took_the_datagram() {
+        let (_file, ll) = own_link();
+        let grace = local_link::LEFT_GRACE.as_nanos() as u64;
+        let t0 = 1_000_000_000;
+        ll.note_time(t0);
+        let send = |mark: u8| send_to_us(&ll, mark);
+        let mut buf = vec![0u8; local_link::MAX_DATAGRAM];
+        // It polled at t0 and may stop: a datagram then is not kicked yet.
+        ll.own.note_poll(t0);
+        assert!(ll.own.kick_me());
+        send(1);
+        assert_eq!(ll.kicks(), 0);
+        assert_eq!(ll.left_due(), Some(t0 + grace + 1));
+        // Not due before; kicked once due.
+        ll.note_time(t0 + grace);
+        ll.rekick();
+        assert_eq!(ll.kicks(), 0);
+        ll.note_time(t0 + grace + 1);
+        ll.rekick();
+        assert_eq!(ll.kicks(), 1);
+        assert_eq!(ll.left_due(), None);
+        ll.own.sleep_end();
+        assert!(ll.own.pop(&mut buf).is_some());
+        // Again, but the consumer takes the datagram first: the kick is
+        // forgotten, and nothing is owed.
+        let t1 = t0 + 10 * grace;
+        ll.note_time(t1);
+        ll.own.note_poll(t1);
+        assert!(ll.own.kick_me());
+        send(2);
+        assert_eq!(ll.left_due(), Some(t1 + grace + 1));
+        assert!(ll.own.pop(&mut buf).is_some());
+        ll.forget_taken();
+        assert_eq!(ll.left_due(), None);
+        assert!(!ll.rekick_due(u64::MAX));
+        ll.note_time(t1 + grace + 1);
+        ll.rekick();
+        assert_eq!(ll.kicks(), 1);
+        // A consumer whose last poll is older than LEFT_GRACE is kicked at
+        // once, as before.
+        let t2 = t1 + 10 * grace;
+        ll.note_time(t2);
+        ll.own.polling_again();
+        ll.own.note_poll(t2 - grace - 1);
+        assert!(ll.own.kick_me());
+        send(3);
+        assert_eq!(ll.kicks(), 2);
+        assert_eq!(ll.left_due(), None);
     }
 }

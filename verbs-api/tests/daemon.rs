@@ -118,6 +118,16 @@ fn side(dev: Device, ty: QpType) -> Side {
     Side { dev, pd, cq, qp }
 }
 
+/// Two processes of `d`'s device, an RC QP each, connected to each other
+/// (ACK timeout 14, 7 retries).
+fn rc_pair(d: &Daemon) -> (Side, Side) {
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
+    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    (a, b)
+}
+
 fn connect(me: &Side, peer_qpn: u32, peer_gid: [u8; 16], timeout: u8, retry: u8, rq_psn: u32) {
     connect_mtu(me, peer_qpn, peer_gid, timeout, retry, rq_psn, Mtu::M1024);
 }
@@ -1325,10 +1335,7 @@ fn slot_line(stat: &str, slot: u32) -> &str {
 #[test]
 fn a_write_to_a_process_that_stopped_polling_is_placed_after_a_kick_of_its_inbox() {
     let d = Daemon::start("left", "rxe0=127.0.21.16", 8);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a, b) = rc_pair(&d);
     let (a_slot, b_slot) = (a.qp.qpn() >> 16, b.qp.qpn() >> 16);
     // A: 2048 bytes to WRITE, then 64 that receive B's SEND. At path MTU
     // 1024 the WRITE is two packets: a sender places only a WRITE ONLY's
@@ -1421,10 +1428,7 @@ fn a_write_to_a_process_that_stopped_polling_is_placed_after_a_kick_of_its_inbox
 #[test]
 fn a_write_only_to_another_slot_of_the_device_is_placed_by_its_sender() {
     let d = Daemon::start("place", "rxe0=127.0.21.17", 8);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a, b) = rc_pair(&d);
     let (a_slot, b_slot) = (a.qp.qpn() >> 16, b.qp.qpn() >> 16);
     let pattern = pattern(4096, 9);
     let mut src = pattern.clone();
@@ -1497,10 +1501,7 @@ fn a_write_only_to_another_slot_of_the_device_is_placed_by_its_sender() {
 #[test]
 fn a_sender_places_no_write_that_has_work_posted_behind_it() {
     let d = Daemon::start("lastposted", "rxe0=127.0.21.27", 8);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a, b) = rc_pair(&d);
     let a_slot = a.qp.qpn() >> 16;
     let want = pattern(4096, 3);
     let mut src = want.clone();
@@ -1688,10 +1689,7 @@ fn a_sender_kicks_later_a_process_whose_application_stopped_polling_just_after_i
 #[test]
 fn posts_of_an_application_that_is_active_do_not_wake_its_progress_thread() {
     let d = Daemon::start("tick", "rxe0=127.0.21.18", 8);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a, b) = rc_pair(&d);
     let b_slot = b.qp.qpn() >> 16;
     let mut src = vec![7u8; 64];
     let bmr = b.pd.reg_mr(&mut src, ALL).unwrap();
@@ -1766,10 +1764,7 @@ fn a_daemon_that_serves_other_users_lets_no_process_place_into_another() {
     // Another user's process could write the placement tables of the
     // device's inboxes, and steer a sender's write: no placement at all.
     let d = Daemon::start_for("anyplace", "rxe0=127.0.21.23", 8, true);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a, b) = rc_pair(&d);
     let mut src = vec![5u8; 64];
     let amr = a.pd.reg_mr(&mut src, ALL).unwrap();
     let mut dst = vec![0u8; 64];
@@ -2096,10 +2091,7 @@ fn the_tos_is_on_the_udp_datagram_ect0_or_ce_on_a_connectx_like_device_0_on_a_ke
 #[test]
 fn trace_explains_ce_marks_and_cnps_and_its_pcap_carries_the_tos() {
     let d = Daemon::start("cctrace", "rxe0=127.0.25.10,like=mlx5", 8);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a, b) = rc_pair(&d);
     let ask = |q: &str| emulator_daemon::client::request(&d.path, q).unwrap();
     assert!(ask("FAULT rxe0 ce=1 seed=9").contains("2 of 2 processes applied it"));
     let pcap = d.path.with_file_name("cc.pcap");
@@ -2230,10 +2222,7 @@ fn a_timer_of_another_qp_fires_on_time_after_the_application_stops_polling() {
     // to watch that QP's retransmission timer from then on, not only at
     // its next look at whether B still polls (200 ms later).
     let d = Daemon::start("lefttimer", "rxe0=127.0.21.28", 8);
-    let a = side(d.open(), QpType::Rc);
-    let b = side(d.open(), QpType::Rc);
-    connect(&a, b.qp.qpn(), b.dev.gid(), 14, 7, 0);
-    connect(&b, a.qp.qpn(), a.dev.gid(), 14, 7, 0);
+    let (a, b) = rc_pair(&d);
     let cap = QpCap {
         max_send_wr: 4,
         max_recv_wr: 4,
@@ -2302,4 +2291,90 @@ fn a_timer_of_another_qp_fires_on_time_after_the_application_stops_polling() {
     let wc = cq2.wait(1, WAIT).unwrap();
     assert_eq!(wc[0].status, WcStatus::RetryExcErr, "{wc:?}");
     assert!(a.cq.wait(1, WAIT).unwrap()[0].status == WcStatus::Success);
+}
+
+#[test]
+fn an_application_that_keeps_polling_is_not_looked_at_by_its_progress_thread() {
+    // While B's application polls, B's progress thread keeps off its CPU
+    // and looks whether it still polls only once it may have stopped: its
+    // look timer is pushed on by the polls. Looks at fixed times came
+    // every 200 ms (six in the 1.2 s below), each a context switch on the
+    // CPU the application spins on.
+    let d = Daemon::start("looks", "rxe0=127.0.21.29", 8);
+    let (a, b) = rc_pair(&d);
+    send_each(&b, &a, 1);
+    let b_slot = b.qp.qpn() >> 16;
+    let stat = || emulator_daemon::client::request(&d.path, "STAT rxe0").unwrap();
+    let looks = || slot_stat_value(&stat(), b_slot, "progress_looks");
+    // B polls an empty CQ: it waits for a completion, so it polls on.
+    let poll_for = |span: Duration| {
+        let start = Instant::now();
+        while start.elapsed() < span {
+            assert!(b.cq.poll(1).unwrap().is_empty());
+        }
+    };
+    poll_for(Duration::from_millis(50));
+    let before = looks();
+    poll_for(Duration::from_millis(1200));
+    // Once B stops polling, its thread looks within 200 ms of the last
+    // poll and finds it gone. Nothing may wake the thread before (no STAT
+    // here: one taken at the stop had the thread find B gone without a
+    // look). A thread that the STAT above sent off the CPU's way returns
+    // to keeping off within 1 s, while B polls.
+    std::thread::sleep(Duration::from_millis(600));
+    let looked = looks() - before;
+    // That look, and one more for each time B's polls stopped for 100 ms
+    // or more (the test thread preempted that long on a loaded machine);
+    // looks at fixed times made seven.
+    assert!(
+        (1..=3).contains(&looked),
+        "{looked} looks at B's progress in 1.2 s of polling and 600 ms after"
+    );
+}
+
+#[test]
+fn a_timer_of_an_application_that_stops_polling_without_a_completion_fires_at_the_look() {
+    // B posts a WRITE that is never acknowledged (to a QP number nobody
+    // has, no retry after 67 ms) and polls its CQ, empty: it waits for a
+    // completion. Then it stops polling without one. Its progress thread,
+    // which leaves the engine's timers to a polling application, finds it
+    // gone at its look (at most 200 ms after B's last poll) and fires the
+    // timer: the QP goes to error, and its completion says why.
+    let d = Daemon::start("silent", "rxe0=127.0.21.30", 8);
+    let a = side(d.open(), QpType::Rc);
+    let b = side(d.open(), QpType::Rc);
+    // Towards a QP number nobody has, on A's slot (A's process is alive:
+    // its inbox takes the WRITE and its engine drops it).
+    connect(&b, a.qp.qpn() + 7, a.dev.gid(), 14, 0, 0);
+    let mut abuf = vec![0u8; 64];
+    let amr = a.pd.reg_mr(&mut abuf, ALL).unwrap();
+    let mut bbuf = vec![7u8; 64];
+    let bmr = b.pd.reg_mr(&mut bbuf, ALL).unwrap();
+    b.qp.post_send(SendWr::new(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: amr.addr(),
+            rkey: amr.rkey(),
+        },
+        vec![bmr.sge(0, 64)],
+    ))
+    .unwrap();
+    let posted = Instant::now();
+    while posted.elapsed() < Duration::from_millis(20) {
+        assert!(b.cq.poll(1).unwrap().is_empty());
+    }
+    let stopped = Instant::now();
+    // Judged without a call that drives B's device (reading a QP's state
+    // only takes its lock).
+    while b.qp.state() != QpState::Err {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "B's WRITE was never timed out after B stopped polling"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let late = stopped.elapsed();
+    eprintln!("B's QP in error {late:?} after B's last poll");
+    let wc = b.cq.wait(1, WAIT).unwrap();
+    assert_eq!(wc[0].status, WcStatus::RetryExcErr, "{wc:?}");
 }
