@@ -1726,6 +1726,10 @@ impl Inner {
                     // switch on a CPU the applications spin on.
                     crate::device::with_rx_buf(|b| self.progress(b, true, None));
                 }
+                // Those still owed go when due, by the progress thread.
+                if let Some(at) = l.left_due() {
+                    self.left_with_kicks_owed(at);
+                }
             } else if !may_leave && was_left {
                 l.own.polling_again();
             }
@@ -1793,6 +1797,21 @@ impl Inner {
         let fd = self.set_look_timer(due)?;
         self.look_due.store(due, Ordering::SeqCst);
         Some(fd)
+    }
+
+    /// The application may have stopped polling while kicks this process
+    /// owes consumers that may have stopped polling too wait for their
+    /// time (`LocalLink::left_due`, `at` CLOCK_MONOTONIC ns): nobody but
+    /// the progress thread sends them now. A thread that keeps off for
+    /// the application, or sleeps past `at`, waits without them in view,
+    /// so it is woken (it then waits until `at`).
+    fn left_with_kicks_owed(&self, at: u64) {
+        let until = self.sleeping_until.load(Ordering::Acquire);
+        if self.spin_sleeping.load(Ordering::SeqCst)
+            || (until != 0 && self.at(at).as_nanos() < until)
+        {
+            self.wake();
+        }
     }
 
     /// The application may have stopped polling (its last completion left

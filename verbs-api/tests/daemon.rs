@@ -2332,6 +2332,92 @@ fn an_application_that_keeps_polling_is_not_looked_at_by_its_progress_thread() {
     );
 }
 
+/// Two QPs of `dev`'s process connected to each other.
+fn loopback_pair(dev: &Device) -> (Side, Side) {
+    let x = side(dev.clone(), QpType::Rc);
+    let y = side(dev.clone(), QpType::Rc);
+    connect(&x, y.qp.qpn(), dev.gid(), 14, 7, 0);
+    connect(&y, x.qp.qpn(), dev.gid(), 14, 7, 0);
+    (x, y)
+}
+
+/// Post a 64-byte WRITE from `from` (its MR `src`) into `to`, an MR of
+/// the QP it is connected to.
+fn post_write(from: &Side, src: &verbs_api::MemoryRegion<'_>, to: &verbs_api::MemoryRegion<'_>) {
+    from.qp
+        .post_send(SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: to.addr(),
+                rkey: to.rkey(),
+            },
+            vec![src.sge(0, 64)],
+        ))
+        .unwrap();
+}
+
+#[test]
+fn a_kick_owed_by_an_application_that_stops_polling_goes_when_due() {
+    // B's application takes a completion that leaves its QP nothing to
+    // do, so kicks to it wait LEFT_GRACE after that poll, while another of
+    // its QPs (b) waits for A's ACK of a WRITE. A's application, polling,
+    // takes that WRITE and answers it (a kick it owes B, not yet due),
+    // then takes a completion that leaves its own QP idle and stops
+    // polling. Nobody but A's progress thread can send that kick then:
+    // B's ACK arrives within LEFT_GRACE, not at B's retransmission timer
+    // (67 ms after the WRITE's post) nor at either thread's look.
+    let d = Daemon::start("owed", "rxe0=127.0.21.31", 8);
+    let (a, b) = rc_pair(&d);
+    let (a2, a3) = loopback_pair(&a.dev);
+    let (b2, b3) = loopback_pair(&b.dev);
+    let mut bufs: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8; 64]).collect();
+    let [ab, a2b, a3b, bb, b2b, b3b] = &mut bufs[..] else {
+        unreachable!()
+    };
+    let amr = a.pd.reg_mr(ab, ALL).unwrap();
+    let a2mr = a2.pd.reg_mr(a2b, ALL).unwrap();
+    let a3mr = a3.pd.reg_mr(a3b, ALL).unwrap();
+    let bmr = b.pd.reg_mr(bb, ALL).unwrap();
+    let b2mr = b2.pd.reg_mr(b2b, ALL).unwrap();
+    let b3mr = b3.pd.reg_mr(b3b, ALL).unwrap();
+    let poll_until_one = |s: &Side| loop {
+        if let Some(wc) = s.cq.poll(1).unwrap().pop() {
+            assert_eq!(wc.status, WcStatus::Success);
+            break;
+        }
+    };
+    // Warm both processes' paths, then A's application polls: what B
+    // sends it now draws no kick (A takes it at its next poll).
+    post_write(&b2, &b2mr, &b3mr);
+    poll_until_one(&b2);
+    post_write(&a2, &a2mr, &a3mr);
+    poll_until_one(&a2);
+    assert!(a.cq.poll(1).unwrap().is_empty());
+    let posted = Instant::now();
+    post_write(&b, &bmr, &amr);
+    let acks = b.qp.counters().rcvd_pkts;
+    // B: a completion that leaves b2 idle; B may stop polling, and does.
+    post_write(&b2, &b2mr, &b3mr);
+    poll_until_one(&b2);
+    // A: its poll takes B's WRITE and answers it; then a completion that
+    // leaves a2 idle, and A stops polling.
+    post_write(&a2, &a2mr, &a3mr);
+    poll_until_one(&a2);
+    let stopped = posted.elapsed();
+    if stopped > Duration::from_millis(10) {
+        eprintln!("A stopped polling {stopped:?} after B's WRITE: not judged");
+        return;
+    }
+    // Judged without a call that drives either device (a QP's counters
+    // only take its lock).
+    std::thread::sleep(Duration::from_millis(50).saturating_sub(posted.elapsed()));
+    assert!(
+        b.qp.counters().rcvd_pkts > acks,
+        "B took no ACK of its WRITE within 50 ms of its post (A stopped polling {stopped:?} after it)"
+    );
+    assert!(b.cq.wait(1, WAIT).unwrap()[0].status == WcStatus::Success);
+}
+
 #[test]
 fn a_timer_of_an_application_that_stops_polling_without_a_completion_fires_at_the_look() {
     // B posts a WRITE that is never acknowledged (to a QP number nobody
