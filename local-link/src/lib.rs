@@ -737,6 +737,16 @@ impl Inbox {
         // store here waited for the record's bytes to leave the store
         // buffer, 13% of a sender's time in a 64 KiB stream (host, perf).
         self.tail(ring).store(at + need, Release);
+        // The room of a next record like this one: its lines were last
+        // read by the consumer's CPU, so each store into them waits for
+        // the line to come over; start that now, while the next packet is
+        // built. Only room the consumer has left (as last read: no more
+        // than it has), never lines it may still be reading.
+        let next = at + need;
+        let free = size - (next - self.seen_head[ring].load(Relaxed).min(next));
+        let noff = next % size;
+        let n = need.min(free).min(size - noff) as usize;
+        self.map.prefetch_write(base + noff as usize, n);
         let active = self.map.u64_at(OFF_ACTIVE);
         if active.load(SeqCst) & (1 << ring) == 0 {
             active.fetch_or(1 << ring, SeqCst);
