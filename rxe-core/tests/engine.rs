@@ -1941,3 +1941,30 @@ fn an_intact_datagram_skips_only_the_icrc_check() {
     let c = n.nodes()[1].counters();
     assert_eq!((c.rcvd_icrc_err, c.rcvd_bad_qp), (2, 1));
 }
+
+/// `has_output` is what a driver may skip a flush by: false when nothing
+/// is to be taken, true while a datagram waits for `poll_transmit` or an
+/// event for `poll_event`, false again once they are taken.
+#[test]
+fn has_output_says_whether_a_driver_has_anything_to_take() {
+    let mut n = net(1, LinkConfig::perfect());
+    let (a, b) = pair(&mut n, QpType::Rc, &ConnectOpts::default());
+    settle(&mut n);
+    for node in [0, 1] {
+        while n.node(node).poll_event().is_some() {}
+        assert!(!n.node(node).has_output(), "node {node} after connecting");
+    }
+    let src = buf(&mut n, 0, a.pd, 64, AccessFlags::empty());
+    let dst = buf(&mut n, 1, b.pd, 64, AccessFlags::LOCAL_WRITE);
+    post_recv(&mut n, &b, 1, &dst);
+    assert!(!n.node(1).has_output(), "a receive posted sends nothing");
+    post(&mut n, &a, SendWr::new(2, SendOp::Send, vec![sge(&src)]));
+    assert!(n.node(0).has_output(), "the SEND waits to be sent");
+    assert!(n.node(0).poll_transmit().is_some());
+    assert!(!n.node(0).has_output(), "the SEND was taken");
+    n.node(1).fail_device("test");
+    assert!(n.node(1).has_output(), "DEVICE_FATAL waits for poll_event");
+    while n.node(1).poll_event().is_some() {}
+    while n.node(1).poll_transmit().is_some() {}
+    assert!(!n.node(1).has_output(), "everything was taken");
+}
