@@ -2055,19 +2055,6 @@ impl<M: Memory> Engine<M> {
         self.ctx.counters.rcvd_malformed += n;
     }
 
-    /// Whether the driver has anything to take from the engine: a datagram
-    /// built or a READ reply under way ([`Engine::poll_transmit`]), an
-    /// asynchronous event, a CQ notification or a trace note. A driver that
-    /// flushes after every call may skip a flush when this is false.
-    pub fn has_output(&self) -> bool {
-        let c = &self.ctx;
-        !(c.out.is_empty()
-            && c.read_ready.is_empty()
-            && c.events.is_empty()
-            && c.notify.is_empty()
-            && c.notes.is_empty())
-    }
-
     /// Number of datagrams built and waiting to be sent. READ replies
     /// under way build theirs as `poll_transmit` asks, and are not counted.
     pub fn pending_transmits(&self) -> usize {
@@ -2077,6 +2064,15 @@ impl<M: Memory> Engine<M> {
     /// Whether `poll_transmit` has anything to give.
     pub fn has_transmit(&self) -> bool {
         !self.ctx.out.is_empty() || !self.ctx.read_ready.is_empty()
+    }
+
+    /// Whether the driver has anything to take from the engine: what
+    /// [`Engine::has_transmit`] says, an asynchronous event, a CQ
+    /// notification or a trace note. A driver that flushes after every
+    /// call may skip a flush when this is false.
+    pub fn has_output(&self) -> bool {
+        let c = &self.ctx;
+        self.has_transmit() || !(c.events.is_empty() && c.notify.is_empty() && c.notes.is_empty())
     }
 
     /// The earliest deadline at which `handle_timeout` must be called.
